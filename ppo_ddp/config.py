@@ -1,0 +1,301 @@
+"""The one Config of a training run, its YAML loading and its validation.
+
+`parse_config(argv)` is what train.py calls: `--config FILE.yaml` supplies
+defaults, command-line flags override them, and every value is checked before
+any process, env or collective starts. A bad value is one line on stderr that
+names the field, the value and what is allowed, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence
+
+import tyro
+
+from ppo_ddp.topology import resolve_actors_per_learner
+
+class ConfigError(ValueError):
+    """A config value a user must fix; the message names the field, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """PPO for MuJoCo robots: one learner per GPU (torchrun), each fed by its own actor processes."""
+
+    # ---- what to train ----------------------------------------------------
+    env_id: str = "HalfCheetah-v5"
+    """Gymnasium id of the environment (continuous actions, e.g. Hopper-v5, Ant-v5)."""
+    seed: int = 1
+    """Seed of the run; every env gets its own seed derived from (seed, rank, actor, env)."""
+    total_timesteps: int = 1_000_000
+    """Env steps to train for, counted over all ranks and actors."""
+
+    # ---- processes ----------------------------------------------------------
+    num_gpus: int = 1
+    """Learners (one per GPU) for `python train.py`; fewer are used when fewer GPUs are visible, one on CPU. Under torchrun the world size decides."""
+    num_actors: Optional[int] = None
+    """Actor processes over all learners; must equal num_gpus * actors_per_gpu when both are given."""
+    actors_per_gpu: Optional[int] = None
+    """Actor processes per learner (default: num_actors / num_gpus, or 2 when neither is given)."""
+    envs_per_actor: int = 8
+    """Gymnasium envs each actor steps in lockstep (batched policy inference)."""
+    rollout_length: int = 128
+    """Steps per env per round; a round is world_size * actors_per_gpu * envs_per_actor * rollout_length env steps."""
+    param_sync_interval: int = 1
+    """All-reduce-average the learners' parameters every this many rounds (1: ranks identical every round)."""
+    mp_start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """How actor processes start; both are safe with CUDA and threads (fork is not)."""
+    actor_timeout: float = 60.0
+    """Seconds an actor may take beyond the expected round time before the learner declares it stuck."""
+
+    # ---- PPO ----------------------------------------------------------------
+    learning_rate: float = 3e-4
+    """Adam learning rate at the start of training."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to 0 over total_timesteps."""
+    gamma: float = 0.99
+    """Discount factor, in (0, 1]."""
+    gae_lambda: float = 0.95
+    """GAE lambda, in [0, 1]."""
+    update_epochs: int = 10
+    """Passes over each round's data."""
+    num_minibatches: int = 32
+    """Mini-batches per epoch on each learner; must divide actors_per_gpu * envs_per_actor * rollout_length."""
+    norm_adv: bool = True
+    """Normalise advantages with the mean/std over all ranks' data of the round."""
+    clip_coef: float = 0.2
+    """PPO surrogate clipping coefficient."""
+    clip_vloss: bool = True
+    """Clip the value loss around the old values, as CleanRL does."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Gradient clipping by global norm."""
+    target_kl: Optional[float] = None
+    """Stop the round's epochs early once the approximate KL exceeds this (None: never)."""
+
+    # ---- model --------------------------------------------------------------
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the policy and value MLPs."""
+    activation: Literal["tanh", "relu", "elu"] = "tanh"
+    """Hidden activation."""
+    log_std_init: float = 0.0
+    """Initial state-independent log standard deviation of the Gaussian policy."""
+
+    # ---- normalisation ------------------------------------------------------
+    normalize_obs: bool = True
+    """Normalise observations with running statistics merged over all actors and ranks."""
+    obs_clip: float = 10.0
+    """Clip normalised observations to [-obs_clip, obs_clip]."""
+    normalize_reward: bool = True
+    """Scale rewards by the running std of the discounted return (as gymnasium's NormalizeReward)."""
+    reward_clip: float = 10.0
+    """Clip scaled rewards to [-reward_clip, reward_clip]."""
+
+    # ---- outputs ------------------------------------------------------------
+    run_name: Optional[str] = None
+    """Name of the run folder runs_dir/run_name (default: <env_id>__<seed>__<start time>)."""
+    runs_dir: str = "runs"
+    """Folder that holds one subfolder per run."""
+    metrics_path: Optional[str] = None
+    """CSV of per-round metrics (default: runs_dir/run_name/metrics.csv)."""
+    save_interval: int = 10
+    """Write the latest checkpoint every this many rounds (and at the end)."""
+    resume: Optional[str] = None
+    """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name."""
+
+    config: Optional[str] = None
+    """YAML file whose keys set defaults for the fields above; flags override it."""
+
+
+COUNT_FIELDS = (
+    "total_timesteps", "num_gpus", "num_actors", "actors_per_gpu", "envs_per_actor",
+    "rollout_length", "param_sync_interval", "update_epochs", "num_minibatches", "save_interval",
+)
+POSITIVE_FLOAT_FIELDS = ("learning_rate", "clip_coef", "max_grad_norm", "obs_clip", "reward_clip", "actor_timeout")
+NON_NEGATIVE_FLOAT_FIELDS = ("ent_coef", "vf_coef")
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Config)]
+
+
+def _fail(name: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{name}={value!r}: {allowed}")
+
+
+def _coerce(name: str, annotation: Any, value: Any) -> Any:
+    """Check a YAML value against the field's type, converting only where YAML cannot say it (list → tuple, int → float)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(name, inner[0], value)
+    if origin is Literal:
+        if value not in args:
+            raise _fail(name, value, f"must be one of {', '.join(map(str, args))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise _fail(name, value, "must be a list of integers")
+        return tuple(value)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise _fail(name, value, "must be true or false")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(name, value, "must be an integer")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _fail(name, value, "must be a number")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise _fail(name, value, "must be a string")
+        return value
+    raise TypeError(f"no YAML coercion for field {name} of type {annotation}")  # a programming error
+
+
+def load_yaml_defaults(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping of Config field names to values, checked against the fields' types."""
+    import yaml
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config={str(path)!r}: no such file") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"config={str(path)!r}: not a readable YAML file ({str(e).splitlines()[0]})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config={str(path)!r}: must be a YAML mapping of field names to values")
+    hints = typing.get_type_hints(Config)
+    known = set(field_names()) - {"config"}
+    values = {}
+    for key, value in raw.items():
+        if key not in known:
+            hint = f"; did you mean {key.replace('-', '_')!r}?" if str(key).replace("-", "_") in known else ""
+            raise ConfigError(f"unknown key {key!r} in {path}{hint} (allowed: {', '.join(sorted(known))})")
+        values[key] = _coerce(key, hints[key], value)
+    return values
+
+
+def validate(cfg: Config, check_env: bool = True) -> None:
+    """Raise ConfigError for the first invalid value of cfg."""
+    for name in COUNT_FIELDS:
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise _fail(name, value, "must be a positive integer")
+    for name in POSITIVE_FLOAT_FIELDS:
+        value = getattr(cfg, name)
+        if not value > 0:
+            raise _fail(name, value, "must be > 0")
+    for name in NON_NEGATIVE_FLOAT_FIELDS:
+        value = getattr(cfg, name)
+        if not value >= 0:
+            raise _fail(name, value, "must be >= 0")
+    if not 0 < cfg.gamma <= 1:
+        raise _fail("gamma", cfg.gamma, "must be in (0, 1]")
+    if not 0 <= cfg.gae_lambda <= 1:
+        raise _fail("gae_lambda", cfg.gae_lambda, "must be in [0, 1]")
+    if cfg.target_kl is not None and not cfg.target_kl > 0:
+        raise _fail("target_kl", cfg.target_kl, "must be > 0 or None")
+    if not cfg.hidden_sizes or any(h <= 0 for h in cfg.hidden_sizes):
+        raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
+    if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():
+        raise _fail("resume", cfg.resume, "must be 'auto' or the path of an existing checkpoint file")
+    try:
+        actors = resolve_actors_per_learner(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    batch = actors * cfg.envs_per_actor * cfg.rollout_length
+    if batch % cfg.num_minibatches != 0:
+        raise _fail(
+            "num_minibatches", cfg.num_minibatches,
+            f"must divide the {batch} samples a learner collects per round "
+            f"(actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length})",
+        )
+    if check_env:
+        check_env_id(cfg.env_id)
+
+
+def check_env_id(env_id: str) -> None:
+    """The env must be registered in gymnasium and have a Box action space."""
+    import gymnasium as gym
+
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as e:
+        raise _fail("env_id", env_id, f"not a registered gymnasium env ({str(e).splitlines()[0]})") from None
+    from ppo_ddp.envs import make_env
+
+    try:
+        env = make_env(env_id)
+    except Exception as e:  # missing mujoco, bad kwargs: the user needs the reason, not a traceback
+        raise _fail("env_id", env_id, f"gymnasium could not create it: {type(e).__name__}: {e}") from None
+    try:
+        if not isinstance(env.action_space, gym.spaces.Box):
+            raise _fail("env_id", env_id, f"action space is {env.action_space}; PPO here needs a continuous Box")
+        if not isinstance(env.observation_space, gym.spaces.Box):
+            raise _fail("env_id", env_id, f"observation space is {env.observation_space}; a Box is needed")
+    finally:
+        env.close()
+
+
+def _split_config_flag(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:
+    """Find `--config FILE` / `--config=FILE` in argv (it must be read before tyro sees the rest)."""
+    rest: list[str] = []
+    path = None
+    it = iter(argv)
+    for arg in it:
+        if arg == "--config":
+            path = next(it, None)
+            if path is None:
+                raise ConfigError("config: --config needs the path of a YAML file")
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return path, rest
+
+
+def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -> Config:
+    """Config from `--config FILE.yaml` and flags; exits with status 2 and one line on bad input."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = Path(sys.argv[0]).name or "train.py"
+    try:
+        path, rest = _split_config_flag(argv)
+        default = Config(**load_yaml_defaults(path), config=path) if path else Config()
+        cfg = tyro.cli(Config, args=rest, default=default, prog=prog, description=Config.__doc__)
+        if path:  # tyro no longer sees --config; keep where the defaults came from
+            cfg = dataclasses.replace(cfg, config=path)
+        validate(cfg, check_env=check_env)
+    except ConfigError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain types only (tuples → lists), for YAML files and weights_only checkpoints."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    """Inverse of config_to_dict; keys this version does not know are ignored (older/newer checkpoints)."""
+    known = set(field_names())
+    hints = typing.get_type_hints(Config)
+    return Config(**{k: _coerce(k, hints[k], v) for k, v in values.items() if k in known})

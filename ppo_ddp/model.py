@@ -1,0 +1,104 @@
+"""The actor-critic: a Gaussian MLP policy with state-independent log-std, and an MLP value head.
+
+Initialisation follows CleanRL's ppo_continuous_action: orthogonal weights with gain sqrt(2) in the
+hidden layers, 0.01 on the policy output and 1.0 on the value output, zero biases.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(n_in: int, hidden: Sequence[int], n_out: int, activation: str, out_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [_layer(n_in, h, math.sqrt(2)), ACTIVATIONS[activation]()]
+        n_in = h
+    layers.append(_layer(n_in, n_out, out_gain))
+    return nn.Sequential(*layers)
+
+
+def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """log N(action; mean, exp(log_std)) summed over action dims, without a Distribution object."""
+    z = (action - mean) * torch.exp(-log_std)
+    return (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
+
+
+def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
+    """Entropy of the diagonal Gaussian, summed over action dims (independent of the mean)."""
+    return (log_std + 0.5 + LOG_SQRT_2PI).sum(-1)
+
+
+class ActorCritic(nn.Module):
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation={activation!r}: must be one of {', '.join(ACTIVATIONS)}")
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.critic = _mlp(obs_dim, hidden_sizes, 1, activation, out_gain=1.0)
+        self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, activation, out_gain=0.01)
+        self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def action_mean(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor_mean(obs)
+
+    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(raw Normal sample, its log-prob, value) for a batch of normalised observations."""
+        mean = self.actor_mean(obs)
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+        action = mean + noise * torch.exp(self.actor_logstd)
+        return action, gaussian_log_prob(mean, self.actor_logstd, action), self.value(obs)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log-prob of action, entropy, value) under the current parameters, for the PPO loss."""
+        mean = self.actor_mean(obs)
+        log_std = self.actor_logstd.expand_as(mean)
+        return gaussian_log_prob(mean, log_std, action), gaussian_entropy(log_std), self.value(obs)
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def write_flat_parameters(model: nn.Module, out: torch.Tensor) -> None:
+    """Copy the parameters, in model.parameters() order, into a flat float32 vector (e.g. shared memory)."""
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        out[offset:offset + n].copy_(p.detach().reshape(-1))
+        offset += n
+
+
+@torch.no_grad()
+def read_flat_parameters(model: nn.Module, flat: torch.Tensor) -> None:
+    """Load parameters from a flat vector written by write_flat_parameters."""
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.copy_(flat[offset:offset + n].view_as(p))
+        offset += n

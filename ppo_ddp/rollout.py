@@ -1,0 +1,62 @@
+"""Rollout math: action preparation and generalised advantage estimation. Pure torch, no processes."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+ArrayT = TypeVar("ArrayT", torch.Tensor, np.ndarray)
+
+
+def prepare_action(sampled_action: ArrayT, action_low: ArrayT, action_high: ArrayT) -> tuple[ArrayT, ArrayT]:
+    """Split a raw Normal sample into (policy_action, env_action).
+
+    policy_action is the sample itself: it is what the buffer stores and what PPO's log-prob is computed
+    on, so the on-policy ratio is exactly 1 before the first update. env_action is the same sample
+    clipped to the action space and is only ever passed to env.step. Pairing the clipped action with the
+    unclipped log-prob would bias the ratio wherever the policy reaches past the bounds.
+    """
+    if isinstance(sampled_action, torch.Tensor):
+        low = torch.as_tensor(action_low, dtype=sampled_action.dtype, device=sampled_action.device)
+        high = torch.as_tensor(action_high, dtype=sampled_action.dtype, device=sampled_action.device)
+        return sampled_action, torch.minimum(torch.maximum(sampled_action, low), high)
+    return sampled_action, np.clip(sampled_action, action_low, action_high)
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(gamma, lambda) over a [T, N] rollout; returns (advantages, returns = advantages + values).
+
+    next_values[t] is V of the observation that followed step t *before any reset*: for a truncated
+    step it is V(final observation), for the last step of the rollout it is V of the observation the
+    next round starts from. A terminated step does not bootstrap (termination wins when a step is both
+    terminated and truncated); a truncated one bootstraps from next_values[t]; either ends the episode,
+    so the recursion is cut there and a new episode never leaks into the previous one.
+    """
+    shape = rewards.shape
+    for name, t in (("values", values), ("next_values", next_values), ("terminated", terminated), ("truncated", truncated)):
+        if t.shape != shape:
+            raise ValueError(f"compute_gae: {name} has shape {tuple(t.shape)}, rewards has {tuple(shape)}")
+    if rewards.dim() != 2:
+        raise ValueError(f"compute_gae: expected [T, N] tensors, got shape {tuple(shape)}")
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    terminated = terminated.to(torch.bool)
+    episode_end = terminated | truncated.to(torch.bool)
+    bootstrap = (~terminated).to(dtype)
+    continues = (~episode_end).to(dtype)
+    deltas = rewards.to(dtype) + gamma * next_values.to(dtype) * bootstrap - values.to(dtype)
+    advantages = torch.empty_like(deltas)
+    running = torch.zeros_like(deltas[0])
+    for t in range(shape[0] - 1, -1, -1):
+        running = deltas[t] + gamma * gae_lambda * continues[t] * running
+        advantages[t] = running
+    return advantages, advantages + values.to(dtype)
