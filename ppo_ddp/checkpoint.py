@@ -8,6 +8,7 @@ statistics, RNG, config) sits beside them as tensors and plain Python types only
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,20 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
         raise
 
 
+def _load_error_reason(e: Exception) -> str:
+    """One plain line from torch.load's error.
+
+    For a weights_only failure torch's first line advises re-running with weights_only=False, which is
+    the wrong advice for a corrupt file and unsafe for a foreign one: keep only the unpickler's own reason.
+    """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch puts terminal bold codes in that message
+    unpickler = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+    if unpickler:
+        text = unpickler.group(1).split(". ")[0]
+    first = text.splitlines()[0].strip() if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint onto the CPU with weights_only=True; CheckpointError on anything but a good file."""
     path = Path(path)
@@ -48,8 +63,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, garbage bytes, pickled objects: all one answer for the user
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path}: unreadable (truncated, corrupt or not a torch file): {reason}") from None
+        raise CheckpointError(f"checkpoint {path}: unreadable (truncated, corrupt or not a torch file): {_load_error_reason(e)}") from None
     if not isinstance(payload, dict) or any(k not in payload for k in REQUIRED_KEYS):
         keys = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(f"checkpoint {path}: not a ppo_ddp checkpoint (needs keys {list(REQUIRED_KEYS)}, has {keys})")

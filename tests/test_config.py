@@ -1,0 +1,221 @@
+"""The command line: YAML defaults, flag overrides, --help, and validation before anything starts.
+
+A user who mistypes a value must get one line that names the field, the value and what is allowed, and
+exit status 2 (the argparse convention), not a traceback from deep inside a worker minutes later. The
+subprocess tests run `python train.py` exactly as a user would; the rest run in-process, which is cheap.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import ppo_ddp.config as config_module
+from ppo_ddp.config import Config, ConfigError, config_from_dict, config_to_dict, load_yaml_defaults, parse_config, validate
+
+
+@pytest.fixture
+def yaml_file(tmp_path):
+    def write(text: str) -> str:
+        path = tmp_path / "cfg.yaml"
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+# ---- `python train.py ...` in a subprocess ----------------------------------------------------------------
+
+# Each case: (argv builder given a yaml writer, fragment of the one error line).
+CLI_CASES = {
+    "unknown yaml key": (lambda y: ["--config", y("lerning_rate: 0.001\n")],
+                         r"unknown key 'lerning_rate' in .*cfg\.yaml \(allowed: .*learning_rate"),
+    "wrong yaml type": (lambda y: ["--config", y("update_epochs: ten\n")], r"update_epochs='ten': must be an integer"),
+    "non-positive count": (lambda y: ["--envs-per-actor", "0"], r"envs_per_actor=0: must be a positive integer"),
+    "gamma zero": (lambda y: ["--gamma", "0"], r"gamma=0\.0: must be in \(0, 1\]"),
+    "gamma above one": (lambda y: ["--gamma", "1.5"], r"gamma=1\.5: must be in \(0, 1\]"),
+    "gae_lambda outside": (lambda y: ["--gae-lambda", "1.1"], r"gae_lambda=1\.1: must be in \[0, 1\]"),
+    "rollout not split": (lambda y: ["--num-minibatches", "7"],
+                          r"num_minibatches=7: must divide the 2048 samples a learner collects per round"),
+    "unknown env id": (lambda y: ["--env-id", "NoSuchRobot-v5"], r"env_id='NoSuchRobot-v5': not a registered gymnasium env"),
+    "discrete actions": (lambda y: ["--env-id", "CartPole-v1"], r"env_id='CartPole-v1': action space is Discrete\(2\).*Box"),
+}
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_bad_input_exits_2_with_one_line(case, run_train, yaml_file, tmp_path):
+    build_args, message = CLI_CASES[case]
+    # Should validation ever let a case through, train one round into tmp_path, not for minutes into runs/.
+    proc = run_train(*build_args(yaml_file), "--total-timesteps", "1", "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(r"train\.py: error: " + message + ".*", lines[0]), lines[0]
+    assert proc.stdout == ""  # nothing started
+
+
+# ---- YAML defaults and flags -----------------------------------------------------------------------------
+
+YAML = """\
+env_id: Hopper-v5
+gamma: 0.95
+hidden_sizes: [32, 32]
+learning_rate: 1          # an int for a float field is fine
+normalize_reward: false
+target_kl: 0.02
+num_actors: null
+"""
+
+
+def test_yaml_sets_defaults(yaml_file):
+    path = yaml_file(YAML)
+    cfg = parse_config(["--config", path], check_env=False)
+    assert cfg.env_id == "Hopper-v5"
+    assert cfg.gamma == 0.95
+    assert cfg.hidden_sizes == (32, 32)  # YAML lists become the field's tuple
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+    assert cfg.normalize_reward is False
+    assert cfg.target_kl == 0.02
+    assert cfg.num_actors is None
+    assert cfg.config == path  # the run's saved config records where its defaults came from
+    assert cfg.update_epochs == Config().update_epochs  # keys the file does not name keep the built-in default
+
+
+@pytest.mark.parametrize("style", ["separate", "equals"])
+def test_flags_override_yaml(yaml_file, style):
+    path = yaml_file(YAML)
+    config_args = ["--config", path] if style == "separate" else [f"--config={path}"]
+    cfg = parse_config([*config_args, "--gamma", "0.9", "--hidden-sizes", "128", "256"], check_env=False)
+    assert cfg.gamma == 0.9
+    assert cfg.hidden_sizes == (128, 256)
+    assert cfg.env_id == "Hopper-v5"  # not overridden: still from the file
+
+
+def test_flags_override_yaml_wherever_config_appears(yaml_file):
+    path = yaml_file(YAML)
+    assert parse_config(["--gamma", "0.9", "--config", path], check_env=False).gamma == 0.9
+
+
+def test_empty_yaml_is_the_defaults(yaml_file):
+    assert load_yaml_defaults(yaml_file("# nothing here\n")) == {}
+
+
+def field_docstrings() -> dict[str, str]:
+    """Config's attribute docstrings, read from the source independently of tyro."""
+    tree = ast.parse(inspect.getsource(config_module))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
+    docs = {}
+    for stmt, following in zip(cls.body, cls.body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[stmt.target.id] = following.value.value
+    return docs
+
+
+def squash(text: str) -> str:
+    """Help text without rich's box drawing and line wrapping."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def test_every_field_has_a_docstring():
+    assert set(field_docstrings()) == {f.name for f in dataclasses.fields(Config)}
+
+
+def test_help_lists_every_field_with_its_docstring(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--help"])
+    assert exit_info.value.code == 0
+    text = squash(capsys.readouterr().out)
+    for name, doc in field_docstrings().items():
+        assert "--" + name.replace("_", "-") in text, name
+        assert squash(doc) in text, name
+
+
+# ---- validation, in-process ------------------------------------------------------------------------------
+
+def exit_line(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv, check_env=False)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--total-timesteps", "0"], "total_timesteps=0: must be a positive integer"),
+    (["--num-actors", "-1"], "num_actors=-1: must be a positive integer"),
+    (["--update-epochs", "0"], "update_epochs=0: must be a positive integer"),
+    (["--gae-lambda", "-0.1"], r"gae_lambda=-0.1: must be in [0, 1]"),
+    (["--learning-rate", "0"], "learning_rate=0.0: must be > 0"),
+    (["--ent-coef", "-0.01"], "ent_coef=-0.01: must be >= 0"),
+    (["--target-kl", "0"], "target_kl=0.0: must be > 0 or None"),
+    (["--hidden-sizes", "64", "0"], "hidden_sizes=[64, 0]: must be one or more positive integers"),
+    (["--num-minibatches", "3"], "num_minibatches=3: must divide the 2048 samples a learner collects per round"),
+    (["--actors-per-gpu", "1", "--envs-per-actor", "3", "--rollout-length", "5", "--num-minibatches", "2"],
+     "(actors_per_gpu 1 * envs_per_actor 3 * rollout_length 5)"),
+    (["--num-actors", "8", "--num-gpus", "2", "--actors-per-gpu", "3"], "num_actors=8 must equal num_gpus * actors_per_gpu"),
+    (["--resume", "no/such/checkpoint.pt"], "resume='no/such/checkpoint.pt': must be 'auto' or the path"),
+    (["--config", "no/such/file.yaml"], "config='no/such/file.yaml': no such file"),
+    (["--config"], "config: --config needs the path of a YAML file"),
+])
+def test_validation_messages(argv, message, capsys):
+    assert message in exit_line(argv, capsys)
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["--gamma", "abc"], "could not convert string to float: 'abc'"),
+    (["--no-such-flag", "3"], "--no-such-flag"),
+])
+def test_flags_tyro_cannot_parse_exit_2_without_traceback(argv, shown, capsys):
+    # tyro's own (boxed, multi-line) message, but the same contract: exit 2, the culprit named, no traceback.
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv, check_env=False)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert shown in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("env-id: Hopper-v5\n", "did you mean 'env_id'?"),
+    ("- gamma\n- 0.9\n", "must be a YAML mapping"),
+    ("gamma: [0.9\n", "not a readable YAML file"),
+    ("hidden_sizes: 64\n", "hidden_sizes=64: must be a list of integers"),
+    ("normalize_obs: 1\n", "normalize_obs=1: must be true or false"),
+    ("activation: sigmoid\n", "activation='sigmoid': must be one of tanh, relu, elu"),
+    ("num_gpus: true\n", "num_gpus=True: must be an integer"),
+    ("gamma: 2\n", "gamma=2.0: must be in (0, 1]"),  # a well-typed YAML value is still validated
+])
+def test_yaml_errors(text, message, yaml_file, capsys):
+    assert message in exit_line(["--config", yaml_file(text)], capsys)
+
+
+def test_the_defaults_are_valid_including_the_env():
+    # `python train.py` with no flags must start: HalfCheetah-v5 on one CPU learner.
+    validate(Config(), check_env=True)
+
+
+def test_validate_raises_config_error_for_programmatic_use():
+    with pytest.raises(ConfigError, match="gamma"):
+        validate(dataclasses.replace(Config(), gamma=0.0), check_env=False)
+
+
+def test_config_dict_round_trip_uses_plain_types():
+    # What checkpoints and the run's saved YAML hold: no tuples, no dataclass.
+    cfg = dataclasses.replace(Config(), hidden_sizes=(256, 256), target_kl=0.01, num_actors=4)
+    values = config_to_dict(cfg)
+    assert values["hidden_sizes"] == [256, 256]
+    assert config_from_dict(values) == cfg
+    # A checkpoint from a newer version with an extra key still loads.
+    assert config_from_dict({**values, "some_future_field": 1}) == cfg
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().gamma = 0.5  # type: ignore[misc]

@@ -1,0 +1,127 @@
+"""Learners, actors per learner and devices: the rules of Method.md, one test per rule (ppo_ddp.topology)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppo_ddp.topology import DEFAULT_ACTORS_PER_GPU, TrainingTopology, resolve_rank_device, resolve_training_topology
+
+
+def topo(num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False) -> TrainingTopology:
+    return resolve_training_topology(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available=mps_available)
+
+
+# ---- resolve_training_topology ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("available_gpus", [1, 0], ids=["gpu box", "cpu box"])
+def test_legacy_single_actor_config_starts_exactly_one_actor(available_gpus):
+    # num_actors=1, num_gpus=1 is the predecessor's single-machine config: one actor, not the default two.
+    t = topo(num_actors=1, num_gpus=1, available_gpus=available_gpus)
+    assert (t.num_learners, t.actors_per_learner, t.num_actors) == (1, 1, 1)
+
+
+def test_several_gpus_with_matching_totals():
+    t = topo(num_actors=8, num_gpus=4, actors_per_gpu=2, available_gpus=4)
+    assert t == TrainingTopology(num_learners=4, actors_per_learner=2, device="cuda")
+    assert t.num_actors == 8
+
+
+def test_actors_per_gpu_is_derived_from_the_totals():
+    assert topo(num_actors=12, num_gpus=4, available_gpus=4).actors_per_learner == 3
+
+
+def test_actors_per_gpu_alone_needs_no_total():
+    assert topo(num_gpus=2, actors_per_gpu=5, available_gpus=2) == TrainingTopology(2, 5, "cuda")
+
+
+def test_neither_count_given_uses_the_default_actors_per_gpu():
+    assert topo(num_gpus=2, available_gpus=2).actors_per_learner == DEFAULT_ACTORS_PER_GPU
+
+
+def test_totals_that_disagree_are_an_error_naming_the_product():
+    with pytest.raises(ValueError, match=r"num_actors=6 must equal num_gpus \* actors_per_gpu = 4 \* 2 = 8"):
+        topo(num_actors=6, num_gpus=4, actors_per_gpu=2, available_gpus=4)
+
+
+def test_actors_that_do_not_split_over_the_gpus_are_an_error():
+    with pytest.raises(ValueError, match="num_actors=6 does not split evenly over num_gpus=4"):
+        topo(num_actors=6, num_gpus=4, available_gpus=4)
+
+
+def test_fewer_gpus_than_asked_gives_fewer_learners_with_the_same_actors_each():
+    # A 4-GPU config on a 2-GPU box: 2 learners, still 3 actors each (6 in all, not 12 crammed onto 2).
+    t = topo(num_actors=12, num_gpus=4, actors_per_gpu=3, available_gpus=2)
+    assert t == TrainingTopology(num_learners=2, actors_per_learner=3, device="cuda")
+
+
+def test_more_gpus_than_asked_uses_only_the_asked_ones():
+    assert topo(num_gpus=2, actors_per_gpu=3, available_gpus=8).num_learners == 2
+
+
+def test_no_gpu_gives_one_cpu_learner_with_the_same_actors():
+    assert topo(num_gpus=4, actors_per_gpu=3, available_gpus=0) == TrainingTopology(1, 3, "cpu")
+
+
+def test_no_cuda_but_mps_gives_one_mps_learner():
+    assert topo(num_gpus=4, actors_per_gpu=3, available_gpus=0, mps_available=True) == TrainingTopology(1, 3, "mps")
+
+
+def test_cuda_wins_over_mps():
+    assert topo(num_gpus=1, available_gpus=1, mps_available=True).device == "cuda"
+
+
+@pytest.mark.parametrize("field, kwargs", [
+    ("num_actors", dict(num_actors=0)),
+    ("num_actors", dict(num_actors=-2)),
+    ("num_gpus", dict(num_gpus=0)),
+    ("num_gpus", dict(num_gpus=-1, actors_per_gpu=2)),
+    ("actors_per_gpu", dict(actors_per_gpu=0)),
+    ("actors_per_gpu", dict(num_actors=4, num_gpus=2, actors_per_gpu=-2)),
+])
+def test_non_positive_counts_are_an_error_naming_the_field(field, kwargs):
+    with pytest.raises(ValueError, match=f"^{field}=-?\\d+: must be a positive integer"):
+        topo(**kwargs)
+
+
+def test_negative_available_gpus_is_an_error():
+    with pytest.raises(ValueError, match="available_gpus=-1"):
+        topo(available_gpus=-1)
+
+
+# ---- resolve_rank_device (torchrun) ----------------------------------------------------------------------
+
+def test_each_local_rank_gets_its_own_cuda_device():
+    assert [resolve_rank_device(4, r, 4, cuda_device_count=4) for r in range(4)] == [f"cuda:{r}" for r in range(4)]
+
+
+def test_multi_node_ranks_use_the_local_rank():
+    # Node 2 of 2, 4 processes per node: global ranks 4..7 are local ranks 0..3.
+    assert resolve_rank_device(world_size=8, local_rank=3, local_world_size=4, cuda_device_count=4) == "cuda:3"
+
+
+@pytest.mark.parametrize("local_rank", [0, 3])
+def test_more_local_ranks_than_devices_is_a_clear_error_on_every_rank(local_rank):
+    # Every rank must refuse, including rank 0 whose device exists: otherwise rank 0 starts a collective
+    # and waits forever for the ranks that failed.
+    with pytest.raises(ValueError, match=r"4 processes on this node but only 2 CUDA device\(s\).*--nproc_per_node=2"):
+        resolve_rank_device(world_size=4, local_rank=local_rank, local_world_size=4, cuda_device_count=2)
+
+
+def test_without_cuda_every_rank_runs_on_cpu():
+    assert [resolve_rank_device(3, r, 3, cuda_device_count=0) for r in range(3)] == ["cpu"] * 3
+
+
+def test_mps_only_for_a_single_process():
+    # torch.distributed has no MPS backend: several ranks on a Mac fall back to CPU (gloo).
+    assert resolve_rank_device(1, 0, 1, cuda_device_count=0, mps_available=True) == "mps"
+    assert resolve_rank_device(2, 1, 2, cuda_device_count=0, mps_available=True) == "cpu"
+
+
+@pytest.mark.parametrize("world_size, local_rank, local_world_size, match", [
+    (2, 2, 2, "LOCAL_RANK=2"),
+    (2, -1, 2, "LOCAL_RANK=-1"),
+    (2, 0, 4, "WORLD_SIZE=2 is smaller than LOCAL_WORLD_SIZE=4"),
+])
+def test_inconsistent_launcher_environment_is_an_error(world_size, local_rank, local_world_size, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_rank_device(world_size, local_rank, local_world_size, cuda_device_count=8)
