@@ -217,8 +217,18 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
     if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():
         raise _fail("resume", cfg.resume, "must be 'auto' or the path of an existing checkpoint file")
+    actors_per_learner(cfg, cfg.num_gpus)
+    if check_env:
+        check_env_id(cfg.env_id)
+
+
+def actors_per_learner(cfg: Config, num_learners: int) -> int:
+    """Actors each of num_learners learners owns, checked to give a round that splits into the mini-batches.
+
+    validate() checks it for num_gpus learners; the trainer again for the world size torchrun gave it.
+    """
     try:
-        actors = resolve_actors_per_learner(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu)
+        actors = resolve_actors_per_learner(cfg.num_actors, num_learners, cfg.actors_per_gpu)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     batch = actors * cfg.envs_per_actor * cfg.rollout_length
@@ -228,8 +238,7 @@ def validate(cfg: Config, check_env: bool = True) -> None:
             f"must divide the {batch} samples a learner collects per round "
             f"(actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length})",
         )
-    if check_env:
-        check_env_id(cfg.env_id)
+    return actors
 
 
 def check_env_id(env_id: str) -> None:

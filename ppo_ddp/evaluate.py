@@ -1,0 +1,139 @@
+"""Evaluate a checkpoint: `python -m ppo_ddp.evaluate runs/<run>/model_<run>.pt --episodes 10`.
+
+Everything comes from the checkpoint alone: the network shape from its config, the observation
+normalisation from its frozen obs_rms_state. Deterministic evaluation acts with the policy mean.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import tyro
+
+from ppo_ddp.checkpoint import CheckpointError, load_checkpoint
+from ppo_ddp.config import Config, config_from_dict
+from ppo_ddp.envs import make_env
+from ppo_ddp.model import ActorCritic
+from ppo_ddp.normalization import Moments, normalize_obs
+
+
+@dataclass(frozen=True)
+class EvalArgs:
+    """Evaluate a ppo_ddp checkpoint on its environment."""
+
+    checkpoint: tyro.conf.Positional[str]
+    """Path of a model_<run>.pt or model_<run>_best.pt file."""
+    episodes: int = 10
+    """Episodes to run."""
+    deterministic: bool = True
+    """Act with the policy mean; --stochastic (same as --no-deterministic) samples from the Gaussian."""
+    seed: int = 12345
+    """Seed of the evaluation episodes (different from training seeds by default)."""
+    video: Optional[str] = None
+    """Folder to record an mp4 of every episode into (needs a MuJoCo renderer: MUJOCO_GL=egl or osmesa)."""
+    env_id: Optional[str] = None
+    """Override the env of the checkpoint (same observation and action shapes)."""
+
+
+def load_policy(path: str | Path) -> tuple[ActorCritic, Optional[Moments], Config]:
+    """Rebuild the actor-critic and its frozen observation statistics from a checkpoint file."""
+    state = load_checkpoint(path)
+    if "config" not in state:
+        raise CheckpointError(f"checkpoint {path}: has no 'config', cannot rebuild the network")
+    cfg = config_from_dict(state["config"])
+    obs_dim, act_dim = int(state["obs_dim"]), int(state["act_dim"])
+    model = ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+    model.load_state_dict(state["actor"])
+    model.eval()
+    obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] is not None else None
+    return model, obs_rms, cfg
+
+
+def evaluate_policy(
+    model: ActorCritic,
+    obs_rms: Optional[Moments],
+    cfg: Config,
+    episodes: int,
+    deterministic: bool = True,
+    seed: int = 12345,
+    env_id: Optional[str] = None,
+    video_dir: Optional[str] = None,
+) -> list[float]:
+    """Undiscounted returns of `episodes` episodes, statistics frozen throughout."""
+    env = make_env(env_id or cfg.env_id, **({"render_mode": "rgb_array"} if video_dir else {}))
+    if video_dir:
+        from gymnasium.wrappers import RecordVideo
+
+        env = RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
+    low, high = env.action_space.low, env.action_space.high
+    generator = torch.Generator().manual_seed(seed)
+    returns = []
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            total, done = 0.0, False
+            while not done:
+                x = torch.as_tensor(normalize_obs(obs, obs_rms, cfg.obs_clip)).unsqueeze(0)
+                with torch.inference_mode():
+                    action = model.action_mean(x) if deterministic else model.sample(x, generator)[0]
+                obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = ["--no-deterministic" if a == "--stochastic" else a for a in argv]
+    args = tyro.cli(EvalArgs, args=argv, prog="python -m ppo_ddp.evaluate")
+    if args.episodes <= 0:
+        print(f"evaluate: error: episodes={args.episodes}: must be a positive integer", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        model, obs_rms, cfg = load_policy(args.checkpoint)
+    except CheckpointError as e:
+        print(f"evaluate: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.video:
+        _check_renderer()
+    returns = evaluate_policy(model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video)
+    mode = "deterministic" if args.deterministic else "stochastic"
+    print(f"{args.env_id or cfg.env_id}: mean return {np.mean(returns):.1f} ± {np.std(returns):.1f} "
+          f"over {len(returns)} {mode} episodes (min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+    if args.video:
+        print(f"videos in {args.video}")
+
+
+def _check_renderer() -> None:
+    """Fail with advice instead of a GL traceback when MuJoCo cannot render offscreen here."""
+    try:
+        import moviepy  # noqa: F401  (gymnasium's RecordVideo writes mp4 through it)
+    except ImportError:
+        print("evaluate: error: --video needs moviepy: pip install moviepy", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        import mujoco
+
+        model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><geom size='1'/></worldbody></mujoco>")
+        with mujoco.Renderer(model, 16, 16) as renderer:
+            renderer.update_scene(mujoco.MjData(model))
+            renderer.render()
+    except Exception as e:
+        gl = os.environ.get("MUJOCO_GL", "unset")
+        print(f"evaluate: error: --video: MuJoCo cannot render here (MUJOCO_GL={gl}: {type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''}); set MUJOCO_GL=egl on a GPU box or MUJOCO_GL=osmesa "
+              f"with OSMesa installed on CPU", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Rank 0's outputs of a run: TensorBoard, metrics.csv, the resolved config, and the progress line."""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from ppo_ddp.config import Config, config_to_dict
+
+PACKAGES = ("torch", "gymnasium", "mujoco", "numpy", "tensorboard", "tyro")
+
+
+def code_version() -> str:
+    """The git commit of the code (with '-dirty' for uncommitted changes), or 'unknown' outside a checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def write_run_config(path: Path, cfg: Config, extra: dict[str, Any]) -> None:
+    doc = {"config": config_to_dict(cfg), "code_version": code_version(), "packages": package_versions(), **extra}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class RunLogger:
+    """TensorBoard scalars, one CSV row per round and a progress line; only rank 0 makes one."""
+
+    def __init__(self, run_dir: Path, metrics_path: Path, total_steps: int, resumed: bool, start_step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = run_dir
+        # purge_step drops events a crashed run wrote past its last checkpoint, so a resumed curve has no duplicates.
+        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
+        self.metrics_path = metrics_path
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        append = resumed and self.metrics_path.exists() and self.metrics_path.stat().st_size > 0
+        self._csv_file = open(self.metrics_path, "a" if append else "w", newline="")
+        self._csv: Optional[csv.DictWriter] = None
+        self._fieldnames: Optional[list[str]] = None
+        if append:
+            with open(self.metrics_path, newline="") as f:
+                self._fieldnames = next(csv.reader(f), None)
+        self.total_steps = total_steps
+        self.start_step = start_step
+        self.start_time = time.time()
+        self.tty = sys.stdout.isatty()
+
+    def log(self, iteration: int, global_step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            if math.isfinite(value):
+                self.writer.add_scalar(key, value, global_step)
+        row = {"iteration": iteration, "global_step": global_step, **metrics}
+        if self._csv is None:
+            self._fieldnames = self._fieldnames or list(row)
+            self._csv = csv.DictWriter(self._csv_file, fieldnames=self._fieldnames, extrasaction="ignore")
+            if self._csv_file.tell() == 0:
+                self._csv.writeheader()
+        self._csv.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()})
+        self._csv_file.flush()
+        self._progress(iteration, global_step, metrics)
+
+    def _progress(self, iteration: int, global_step: int, metrics: dict[str, float]) -> None:
+        elapsed = time.time() - self.start_time
+        done = global_step - self.start_step
+        rate = done / elapsed if elapsed > 0 else float("nan")
+        eta = (self.total_steps - global_step) / rate if rate and rate > 0 else float("nan")
+        ret = metrics.get("charts/episodic_return_avg100", float("nan"))
+        pct = 100.0 * global_step / self.total_steps
+        line = (f"iter {iteration} | steps {global_step:,}/{self.total_steps:,} ({pct:.0f}%) | "
+                f"SPS {metrics.get('charts/SPS', float('nan')):,.0f} | return {ret:.1f} | "
+                f"ETA {_format_duration(eta)}")
+        if self.tty:
+            print("\r" + line.ljust(100), end="", flush=True)
+        else:
+            print(line, flush=True)
+
+    def message(self, text: str) -> None:
+        """A line of its own, under the live progress line."""
+        print(("\n" if self.tty else "") + text, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(flush=True)
+        self.writer.close()
+        self._csv_file.close()

@@ -1,0 +1,105 @@
+"""The collectives of ppo_ddp.distributed on a real 2-rank gloo group (spawned processes, torchrun-style env)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from ppo_ddp import distributed as D
+from ppo_ddp.model import ActorCritic
+from ppo_ddp.normalization import compute_batch_moments
+
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, results) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        with D.process_group() as ctx:
+            assert (ctx.rank, ctx.world_size, ctx.device.type) == (rank, WORLD, "cpu")
+            out = {}
+            # Different weights per rank (different seeds), then one average.
+            torch.manual_seed(100 + rank)
+            model = ActorCritic(5, 2)
+            out["before"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+            D.average_parameters(ctx, model)
+            out["after"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+            # Each rank holds a disjoint chunk of data of a different size.
+            rng = np.random.default_rng(rank)
+            data = rng.normal(rank, 1 + rank, size=(7 + 13 * rank, 3))
+            out["data"] = data
+            merged = D.merge_moments_across_ranks(ctx, compute_batch_moments(data), (3,))
+            out["merged"] = (merged.mean, merged.var, merged.count)
+            out["none_merge"] = D.merge_moments_across_ranks(ctx, None if rank == 0 else compute_batch_moments(data), (3,)).count
+            adv = torch.as_tensor(data[:, 0], dtype=torch.float32)
+            out["mean_std"] = D.global_mean_std(ctx, adv)
+            out["metrics"] = D.average_metrics(ctx, {"a": float(rank), "b": 10.0 * rank + 1})
+            out["any_false"] = D.any_rank(ctx, False)
+            out["any_one"] = D.any_rank(ctx, rank == 1)
+            out["gathered"] = D.gather_objects(ctx, [rank] * (rank + 1))
+            out["broadcast"] = D.broadcast_object(ctx, f"name-from-{rank}")
+        results[rank] = out
+    except BaseException:
+        results[rank] = traceback.format_exc()
+
+
+@pytest.fixture(scope="module")
+def results():
+    manager = mp.get_context("spawn").Manager()
+    shared = manager.dict()
+    mp.start_processes(_worker, args=(_free_port(), shared), nprocs=WORLD, start_method="spawn", join=True)
+    out = dict(shared)
+    manager.shutdown()
+    for rank in range(WORLD):
+        assert not isinstance(out[rank], str), out[rank]
+    return out
+
+
+def test_average_parameters_is_the_mean_and_bitwise_equal_on_all_ranks(results):
+    r0, r1 = results[0], results[1]
+    assert not torch.equal(r0["before"], r1["before"])
+    assert torch.equal(r0["after"], r1["after"])
+    torch.testing.assert_close(r0["after"], (r0["before"] + r1["before"]) / 2)
+
+
+def test_moments_merged_across_ranks_equal_moments_of_all_data(results):
+    everything = np.concatenate([results[0]["data"], results[1]["data"]])
+    for rank in range(WORLD):
+        mean, var, count = results[rank]["merged"]
+        assert count == len(everything)
+        np.testing.assert_allclose(mean, everything.mean(0), rtol=1e-12)
+        np.testing.assert_allclose(var, everything.var(0), rtol=1e-12)
+    # identical, not merely close, on every rank
+    assert all(np.array_equal(a, b) for a, b in zip(results[0]["merged"][:2], results[1]["merged"][:2]))
+    # a rank without data contributes nothing (rank 1's rows only)
+    assert results[0]["none_merge"] == results[1]["none_merge"] == len(results[1]["data"])
+
+
+def test_global_mean_std_over_all_ranks(results):
+    column = np.concatenate([results[0]["data"][:, 0], results[1]["data"][:, 0]]).astype(np.float32)
+    for rank in range(WORLD):
+        mean, std = results[rank]["mean_std"]
+        assert mean == pytest.approx(column.astype(np.float64).mean(), rel=1e-6)
+        assert std == pytest.approx(column.astype(np.float64).std(ddof=1), rel=1e-6)
+
+
+def test_metrics_are_averaged_and_flags_agreed(results):
+    for rank in range(WORLD):
+        assert results[rank]["metrics"] == {"a": 0.5, "b": 6.0}
+        assert results[rank]["any_false"] is False
+        assert results[rank]["any_one"] is True
+        assert results[rank]["gathered"] == [[0], [1, 1]]
+        assert results[rank]["broadcast"] == "name-from-0"

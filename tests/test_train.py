@@ -1,0 +1,157 @@
+"""End to end on CPU: real torchrun (gloo), real actor processes, real MuJoCo envs, a few small rounds.
+
+Every rank dumps its view of each round (PPO_DDP_DEBUG_DIR), so the tests can compare ranks with each
+other and with what rank 0 logged.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from ppo_ddp.normalization import EPSILON
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUNDS = 4
+# 2 ranks x 1 actor x 2 envs x 32 steps = 128 env steps a round. Hopper's random-policy episodes end
+# within a round, so every round has finished episodes and terminations.
+SMALL = ["--env-id", "Hopper-v5", "--actors-per-gpu", "1", "--envs-per-actor", "2", "--rollout-length", "32",
+         "--num-minibatches", "4", "--update-epochs", "2", "--save-interval", "2", "--actor-timeout", "30"]
+TIMEOUT = 240  # seconds; a hang fails the test instead of CI
+
+
+def run(args: list[str], tmp_path: Path, debug: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if debug:
+        env["PPO_DDP_DEBUG_DIR"] = str(tmp_path / "debug")
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    total = ROUNDS * 128
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+                *SMALL, "--total-timesteps", str(total), "--runs-dir", str(tmp_path / "runs"), "--run-name", "t",
+                *extra], tmp_path)
+
+
+def dumps(tmp_path: Path, rank: int) -> list[dict]:
+    return [torch.load(tmp_path / "debug" / f"rank{rank}_iter{i}.pt", weights_only=True) for i in range(1, ROUNDS + 1)]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    # obs_clip is huge so the raw observations can be recovered from the normalised buffer exactly.
+    tmp_path = tmp_path_factory.mktemp("two_rank")
+    proc = torchrun(tmp_path, "--obs-clip", "1e9")
+    return tmp_path, proc
+
+
+def test_torchrun_writes_every_output(two_rank_run):
+    tmp_path, proc = two_rank_run
+    run_dir = tmp_path / "runs" / "t"
+    rows = read_csv(run_dir / "metrics.csv")
+    assert [int(r["iteration"]) for r in rows] == list(range(1, ROUNDS + 1))
+    assert [int(r["global_step"]) for r in rows] == [128 * i for i in range(1, ROUNDS + 1)]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+                "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
+                "losses/explained_variance", "charts/buffer_size"):
+        assert tag in tags, tag
+        assert tag in rows[0], tag
+    assert [e.step for e in events.Scalars("charts/SPS")] == [128 * i for i in range(1, ROUNDS + 1)]
+    assert events.Scalars("charts/buffer_size")[0].value == 64  # this rank's samples, recorded before clearing
+
+    for name in ("model_t.pt", "model_t_best.pt"):
+        state = torch.load(run_dir / name, weights_only=True)
+        assert "actor" in state and "obs_rms_state" in state
+        assert state["obs_rms_state"]["mean"].shape == (11,)
+    assert torch.load(run_dir / "model_t.pt", weights_only=True)["iteration"] == ROUNDS
+
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["config"]["env_id"] == "Hopper-v5" and saved["world_size"] == 2
+    assert saved["code_version"] and saved["packages"]["torch"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_param_sync_every_round_keeps_ranks_bitwise_identical(two_rank_run):
+    tmp_path, _ = two_rank_run
+    for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1)):
+        assert torch.equal(a["params"], b["params"])
+
+
+def test_logged_metrics_are_averages_over_ranks(two_rank_run):
+    tmp_path, _ = two_rank_run
+    rows = read_csv(tmp_path / "runs" / "t" / "metrics.csv")
+    for row, a, b in zip(rows, dumps(tmp_path, 0), dumps(tmp_path, 1)):
+        # each rank trains on its own data, so its losses differ from the other's
+        assert a["metrics"]["losses/policy_loss"] != b["metrics"]["losses/policy_loss"]
+        for key in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl"):
+            assert float(row[key]) == pytest.approx((a["metrics"][key] + b["metrics"][key]) / 2, rel=1e-6)
+
+
+def test_observation_statistics_are_global_and_identical(two_rank_run):
+    tmp_path, _ = two_rank_run
+    seen = []
+    for rounds in zip(dumps(tmp_path, 0), dumps(tmp_path, 1)):
+        for d in rounds:
+            obs = d["obs"].reshape(-1, d["obs"].shape[-1]).double().numpy()
+            frozen = d["frozen_obs_rms"]
+            if frozen is not None:  # undo the actor's normalisation (obs_clip is huge: nothing was clipped)
+                obs = obs * np.sqrt(frozen["var"].numpy() + EPSILON) + frozen["mean"].numpy()
+            seen.append(obs)
+        a, b = rounds
+        for key in ("mean", "var"):
+            assert torch.equal(a["obs_rms"][key], b["obs_rms"][key])
+        assert a["obs_rms"]["count"] == b["obs_rms"]["count"] == sum(len(s) for s in seen)
+        everything = np.concatenate(seen)
+        np.testing.assert_allclose(a["obs_rms"]["mean"].numpy(), everything.mean(0), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(a["obs_rms"]["var"].numpy(), everything.var(0), rtol=1e-3, atol=1e-5)
+
+
+def test_param_sync_interval_three(tmp_path):
+    torchrun(tmp_path, "--param-sync-interval", "3")
+    same = [torch.equal(a["params"], b["params"]) for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1))]
+    assert same == [False, False, True, False]
+
+
+def test_single_process_run_then_evaluate(tmp_path):
+    proc = run([sys.executable, "train.py", *SMALL, "--total-timesteps", "192", "--runs-dir", str(tmp_path / "runs"),
+                "--run-name", "solo"], tmp_path)
+    run_dir = tmp_path / "runs" / "solo"
+    assert len(read_csv(run_dir / "metrics.csv")) == 3  # 192 steps / 64 per round
+    assert "done:" in proc.stdout
+    out = run([sys.executable, "-m", "ppo_ddp.evaluate", str(run_dir / "model_solo.pt"), "--episodes", "2"], tmp_path, debug=False)
+    assert "mean return" in out.stdout and "2 deterministic episodes" in out.stdout
+    value = float(out.stdout.split("mean return")[1].split()[0])
+    assert math.isfinite(value)
+
+
+def test_python_train_launches_several_learners_like_torchrun(tmp_path):
+    # What `python train.py --num-gpus 2` does on a 2-GPU box, run here on CPU: the same launch path.
+    code = "import sys; from ppo_ddp.trainer import launch_learners; launch_learners(2, sys.argv[1:])"
+    run([sys.executable, "-c", code, "train.py", *SMALL, "--total-timesteps", "256", "--runs-dir", str(tmp_path / "runs"),
+         "--run-name", "launched"], tmp_path, debug=False)
+    saved = yaml.safe_load((tmp_path / "runs" / "launched" / "config.yaml").read_text())
+    assert saved["world_size"] == 2
+    assert len(read_csv(tmp_path / "runs" / "launched" / "metrics.csv")) == 2
