@@ -1,0 +1,239 @@
+"""The shared memory between one learner and its actor processes: one block, a fixed layout, no pickles.
+
+The learner allocates one `multiprocessing.shared_memory.SharedMemory` block per run (`SharedBuffers.create`),
+the actors attach to it by name (`SharedBuffers.attach`), and the learner alone unlinks it (`close`). Every
+field is a numpy view of the block (`.arrays`) and a torch tensor sharing the same memory (attributes named as
+the fields). The layout is a pure function of (A, T, E, obs_dim, act_dim, P), so an actor rebuilds exactly the
+learner's views from a small `BufferSpec`.
+
+Layout (offsets rise in this order; every field starts on a 64-byte boundary, the rollout region on a page
+boundary and spans whole pages, so it can be page-locked with cudaHostRegister on its own):
+
+=============  =======  ==================  ======================================================
+field          dtype    shape               written by / meaning
+=============  =======  ==================  ======================================================
+*parameters*
+weights        float32  [P]                 learner: flat actor-critic parameters (model.parameters() order)
+obs_mean       float64  [obs_dim]           learner: frozen observation statistics of the round
+obs_var        float64  [obs_dim]
+obs_count      float64  [1]                 0 => no statistics yet (actors normalise with the identity)
+ret_mean       float64  [1]                 learner: frozen discounted-return statistics of the round
+ret_var        float64  [1]
+ret_count      float64  [1]                 0 => no statistics yet (rewards are not scaled)
+*rollout*      (actor a writes only [a]; the learner fills it with the sentinel before each round)
+obs            float32  [A, T, E, obs_dim]  observation as the policy saw it (normalised with the frozen stats, clipped)
+actions        float32  [A, T, E, act_dim]  raw Normal sample = policy_action (the env got its clip to the bounds)
+logp           float32  [A, T, E]           log-prob of actions under the round's weights
+values         float32  [A, T, E]           V(obs)
+next_values    float32  [A, T, E]           V(obs after the step, before any reset): V(final obs) at episode ends
+advantages     float32  [A, T, E]           GAE(gamma, lambda) on the (scaled) rewards
+returns        float32  [A, T, E]           advantages + values
+rewards        float32  [A, T, E]           raw env reward (unscaled)
+terminated     uint8    [A, T, E]           1 / 0
+truncated      uint8    [A, T, E]           1 / 0
+=============  =======  ==================  ======================================================
+
+Sentinel (`fill_sentinel`): NaN in every float field of the rollout, `FLAG_SENTINEL` (255) in the flags, so a
+slot an actor failed to write is visible in tests and in the learner's sanity checks.
+"""
+
+from __future__ import annotations
+
+import mmap
+import warnings
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ppo_ddp.normalization import Moments
+
+ALIGN = 64
+PAGE = mmap.PAGESIZE
+FLAG_SENTINEL = 255
+
+PARAMETER_FIELDS = ("weights", "obs_mean", "obs_var", "obs_count", "ret_mean", "ret_var", "ret_count")
+ROLLOUT_FIELDS = (
+    "obs", "actions", "logp", "values", "next_values", "advantages", "returns", "rewards", "terminated", "truncated",
+)
+FLAG_FIELDS = ("terminated", "truncated")
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """Everything that determines the layout; small and picklable, sent to each actor once."""
+
+    num_actors: int
+    rollout_length: int
+    envs_per_actor: int
+    obs_dim: int
+    act_dim: int
+    num_params: int
+
+    def fields(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        A, T, E = self.num_actors, self.rollout_length, self.envs_per_actor
+        f32, f64, u8 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.uint8)
+        return {
+            "weights": (f32, (self.num_params,)),
+            "obs_mean": (f64, (self.obs_dim,)),
+            "obs_var": (f64, (self.obs_dim,)),
+            "obs_count": (f64, (1,)),
+            "ret_mean": (f64, (1,)),
+            "ret_var": (f64, (1,)),
+            "ret_count": (f64, (1,)),
+            "obs": (f32, (A, T, E, self.obs_dim)),
+            "actions": (f32, (A, T, E, self.act_dim)),
+            "logp": (f32, (A, T, E)),
+            "values": (f32, (A, T, E)),
+            "next_values": (f32, (A, T, E)),
+            "advantages": (f32, (A, T, E)),
+            "returns": (f32, (A, T, E)),
+            "rewards": (f32, (A, T, E)),
+            "terminated": (u8, (A, T, E)),
+            "truncated": (u8, (A, T, E)),
+        }
+
+    def layout(self) -> tuple[dict[str, int], int, int, int]:
+        """(offset of each field, rollout region start, rollout region size, total size) in bytes."""
+        fields = self.fields()
+        offsets: dict[str, int] = {}
+        pos = 0
+        for name in PARAMETER_FIELDS:
+            pos = _round_up(pos, ALIGN)
+            offsets[name] = pos
+            dtype, shape = fields[name]
+            pos += dtype.itemsize * int(np.prod(shape))
+        rollout_start = pos = _round_up(pos, PAGE)
+        for name in ROLLOUT_FIELDS:
+            pos = _round_up(pos, ALIGN)
+            offsets[name] = pos
+            dtype, shape = fields[name]
+            pos += dtype.itemsize * int(np.prod(shape))
+        rollout_size = _round_up(pos - rollout_start, PAGE)
+        return offsets, rollout_start, rollout_size, rollout_start + rollout_size
+
+
+class SharedBuffers:
+    """Views of one shared-memory block laid out as in the module docstring.
+
+    Attributes named as the fields are torch tensors on the shared memory (e.g. `buffers.obs`, [A, T, E, D]);
+    `arrays[name]` are the numpy views of the same bytes. The creator (learner) owns the block and unlinks it
+    in `close()`; attached users (actors) only unmap it.
+    """
+
+    def __init__(self, spec: BufferSpec, shm: shared_memory.SharedMemory, owner: bool) -> None:
+        self.spec = spec
+        self.name = shm.name
+        self.owner = owner
+        self._shm: Optional[shared_memory.SharedMemory] = shm
+        self._pinned_ptr: Optional[int] = None
+        offsets, self._rollout_start, self._rollout_size, _ = spec.layout()
+        self.arrays: dict[str, np.ndarray] = {}
+        for name, (dtype, shape) in spec.fields().items():
+            array = np.ndarray(shape, dtype=dtype, buffer=shm.buf, offset=offsets[name])
+            self.arrays[name] = array
+            setattr(self, name, torch.from_numpy(array))
+        self._rollout_bytes = np.ndarray((self._rollout_size,), dtype=np.uint8, buffer=shm.buf, offset=self._rollout_start)
+
+    # ---- lifetime -------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, spec: BufferSpec) -> "SharedBuffers":
+        size = spec.layout()[3]
+        shm = shared_memory.SharedMemory(create=True, size=size)
+        try:
+            buffers = cls(spec, shm, owner=True)
+        except BaseException:
+            shm.close()
+            shm.unlink()
+            raise
+        buffers.arrays["obs_count"][:] = 0.0
+        buffers.arrays["ret_count"][:] = 0.0
+        buffers.fill_sentinel()
+        return buffers
+
+    @classmethod
+    def attach(cls, spec: BufferSpec, name: str) -> "SharedBuffers":
+        return cls(spec, shared_memory.SharedMemory(name=name), owner=False)
+
+    def pin(self) -> None:
+        """Page-lock the rollout region for asynchronous host-to-GPU copies (learner side, CUDA only)."""
+        if self._pinned_ptr is not None:
+            return
+        ptr = self._rollout_bytes.ctypes.data
+        err = torch.cuda.cudart().cudaHostRegister(ptr, self._rollout_size, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of the {self._rollout_size}-byte rollout buffer failed with CUDA error {int(err)}")
+        self._pinned_ptr = ptr
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned_ptr is not None
+
+    def close(self) -> None:
+        """Unpin, drop the views, unmap, and (owner only) unlink the block. Idempotent."""
+        if self._shm is None:
+            return
+        shm, self._shm = self._shm, None
+        try:
+            if self._pinned_ptr is not None:
+                ptr, self._pinned_ptr = self._pinned_ptr, None
+                err = torch.cuda.cudart().cudaHostUnregister(ptr)
+                if int(err) != 0:
+                    warnings.warn(f"cudaHostUnregister of the rollout buffer failed with CUDA error {int(err)}", stacklevel=2)
+        finally:
+            for name in self.arrays:
+                setattr(self, name, None)
+            self.arrays = {}
+            self._rollout_bytes = None
+            try:
+                shm.close()
+            except BufferError:
+                # Someone still holds a view (e.g. a tensor kept by the caller): the mapping lives on until it
+                # is dropped; unlinking below still removes the name, so nothing leaks past the process.
+                pass
+            finally:
+                if self.owner:
+                    try:
+                        shm.unlink()
+                    except FileNotFoundError:
+                        pass
+
+    # ---- rollout ----------------------------------------------------------------------------------
+    def fill_sentinel(self) -> None:
+        """NaN in every float field of the rollout, FLAG_SENTINEL in the flags."""
+        for name in ROLLOUT_FIELDS:
+            self.arrays[name].fill(FLAG_SENTINEL if name in FLAG_FIELDS else np.nan)
+
+    # ---- frozen statistics -----------------------------------------------------------------------------
+    def write_stats(self, obs_rms: Optional[Moments], ret_rms: Optional[Moments]) -> None:
+        for prefix, moments in (("obs", obs_rms), ("ret", ret_rms)):
+            if moments is None or moments.count == 0:
+                self.arrays[f"{prefix}_count"][:] = 0.0
+                continue
+            mean = self.arrays[f"{prefix}_mean"]
+            if np.size(moments.mean) != mean.size:
+                raise ValueError(f"{prefix}_rms has {np.size(moments.mean)} entries, the buffer holds {mean.size}")
+            mean[:] = np.reshape(moments.mean, mean.shape)
+            self.arrays[f"{prefix}_var"][:] = np.reshape(moments.var, mean.shape)
+            self.arrays[f"{prefix}_count"][:] = moments.count
+
+    def read_stats(self) -> tuple[Optional[Moments], Optional[Moments]]:
+        """(obs_rms, ret_rms) as published; copies, so they stay valid when the learner writes the next round's."""
+        out = []
+        for prefix, scalar in (("obs", False), ("ret", True)):
+            count = float(self.arrays[f"{prefix}_count"][0])
+            if count == 0:
+                out.append(None)
+                continue
+            mean = self.arrays[f"{prefix}_mean"].copy()
+            var = self.arrays[f"{prefix}_var"].copy()
+            if scalar:
+                mean, var = mean.reshape(()), var.reshape(())
+            out.append(Moments(mean, var, count))
+        return out[0], out[1]

@@ -1,0 +1,115 @@
+"""Rollout throughput of the actor pool against the raw speed of the same env, side by side in one run.
+
+    python scripts/bench_rollout.py --env-id HalfCheetah-v5 --seconds 10
+
+1. The limit: one plain `make_env` env stepped in a loop with uniform random actions (drawn in advance, so
+   the loop times the env alone), in env steps per second, times os.cpu_count().
+2. The pool: `ActorPool.collect` only (no learning, fixed weights, frozen non-trivial statistics so the
+   normalisation path runs) for actors_per_gpu in {1, 2} x envs_per_actor in {1, 4, 8, 16}; the rate is the
+   env steps of the timed rounds over their wall time (start-up and one warm-up round excluded).
+
+Prints a table and, as its last line, `ratio <best pool rate / limit>`. The limit is measured before and
+after the pool runs and the larger value is used, so drift of a shared machine cannot flatter the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from ppo_ddp.actors import ActorPool  # noqa: E402
+from ppo_ddp.config import Config  # noqa: E402
+from ppo_ddp.envs import make_env  # noqa: E402
+from ppo_ddp.model import ActorCritic  # noqa: E402
+from ppo_ddp.normalization import merge_rms_states  # noqa: E402
+
+
+def raw_env_rate(env_id: str, seconds: float, seed: int = 0) -> float:
+    """Env steps per second of one plain env with uniform random actions (resets included)."""
+    env = make_env(env_id)
+    try:
+        env.reset(seed=seed)
+        space = env.action_space
+        rng = np.random.default_rng(seed)
+        actions = rng.uniform(space.low, space.high, size=(512, *space.shape)).astype(space.dtype)
+        steps = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            for action in actions:
+                _, _, terminated, truncated, _ = env.step(action)
+                if terminated or truncated:
+                    env.reset()
+            steps += len(actions)
+        return steps / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def pool_rate(cfg: Config, obs_dim: int, act_dim: int, seconds: float) -> tuple[float, int, float]:
+    """(env steps per second, rounds, mean round seconds) of collect() alone."""
+    torch.manual_seed(cfg.seed)
+    model = ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+    with ActorPool(cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False) as pool:
+        reports = pool.collect(model, None, None)  # start-up and warm-up; its statistics are then frozen
+        obs_rms = merge_rms_states(r.obs_moments for r in reports)
+        ret_rms = merge_rms_states(r.return_moments for r in reports)
+        steps, rounds, elapsed = 0, 0, 0.0
+        while elapsed < seconds:
+            start = time.perf_counter()
+            reports = pool.collect(model, obs_rms, ret_rms)
+            elapsed += time.perf_counter() - start
+            steps += sum(r.steps for r in reports)
+            rounds += 1
+    return steps / elapsed, rounds, elapsed / rounds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env-id", default="HalfCheetah-v5")
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per measurement")
+    parser.add_argument("--rollout-length", type=int, default=Config.rollout_length)
+    parser.add_argument("--actors", type=int, nargs="+", default=[1, 2], help="actors_per_gpu values")
+    parser.add_argument("--envs", type=int, nargs="+", default=[1, 4, 8, 16], help="envs_per_actor values")
+    parser.add_argument("--mp-start-method", default=Config.mp_start_method, choices=["forkserver", "spawn"])
+    args = parser.parse_args(argv)
+
+    cpus = os.cpu_count() or 1
+    probe = make_env(args.env_id)
+    obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
+    probe.close()
+    print(f"# {args.env_id}: obs_dim {obs_dim}, act_dim {act_dim}; {cpus} CPUs; load average {os.getloadavg()[0]:.2f}; "
+          f"torch {torch.__version__}; rollout_length {args.rollout_length}; {args.mp_start_method}", flush=True)
+
+    before = raw_env_rate(args.env_id, args.seconds)
+    print(f"raw env rate (1 env, 1 process): {before:,.0f} steps/s; limit = x{cpus} = {before * cpus:,.0f}", flush=True)
+
+    rows = []
+    print(f"{'actors':>6} {'envs':>4} {'rounds':>6} {'round s':>8} {'steps/s':>10} {'/limit':>7}", flush=True)
+    for actors in args.actors:
+        for envs in args.envs:
+            cfg = Config(env_id=args.env_id, actors_per_gpu=actors, envs_per_actor=envs,
+                         rollout_length=args.rollout_length, mp_start_method=args.mp_start_method)
+            rate, rounds, round_s = pool_rate(cfg, obs_dim, act_dim, args.seconds)
+            rows.append((actors, envs, rate))
+            print(f"{actors:>6} {envs:>4} {rounds:>6} {round_s:>8.4f} {rate:>10,.0f} {rate / (before * cpus):>7.3f}", flush=True)
+
+    after = raw_env_rate(args.env_id, args.seconds)
+    limit = max(before, after) * cpus
+    best = max(rows, key=lambda r: r[2])
+    print(f"raw env rate again: {after:,.0f} steps/s; limit used = {cpus} x max(before, after) = {limit:,.0f}")
+    print(f"best: actors_per_gpu {best[0]}, envs_per_actor {best[1]}: {best[2]:,.0f} steps/s; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print(f"ratio {best[2] / limit:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,436 @@
+"""Actor pool and shared buffers: rollout contents, GAE, statistics, seeding, supervision, clean shutdown.
+
+The scripted env (tests/scripted_env.py) has known rewards, episode ends and a marker in its final
+observation, and reuses its observation array in place. MuJoCo rollouts are checked by replaying every
+env in this process with the stored (clipped) actions. Every pool is checked to leave no process and no
+shared-memory segment behind, after errors too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can import scripted_env too
+    sys.path.insert(0, str(TESTS_DIR))
+
+import scripted_env  # noqa: E402
+from ppo_ddp.actors import ActorError, ActorPool, PolicyKernel  # noqa: E402
+from ppo_ddp.buffers import FLAG_SENTINEL, ROLLOUT_FIELDS, BufferSpec, SharedBuffers  # noqa: E402
+from ppo_ddp.config import Config  # noqa: E402
+from ppo_ddp.envs import env_seed, make_env  # noqa: E402
+from ppo_ddp.model import ActorCritic  # noqa: E402
+from ppo_ddp.normalization import (  # noqa: E402
+    DiscountedReturn, Moments, compute_batch_moments, merge_rms_states, normalize_obs, scale_reward,
+)
+from ppo_ddp.rollout import compute_gae  # noqa: E402
+
+SCRIPTED = "scripted_env:Scripted-v0"
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _children() -> dict[int, str]:
+    """Live child processes of this process, without multiprocessing's forkserver and resource tracker."""
+    found = {}
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == me and "forkserver" not in cmdline and "resource_tracker" not in cmdline:
+            found[int(entry)] = cmdline
+    return found
+
+
+def assert_released(pool: ActorPool) -> None:
+    """The pool is closed: actors ended and reaped, the shared memory unlinked, no stray children."""
+    assert pool._closed
+    for proc in pool._procs:
+        assert proc.exitcode is not None, f"actor pid {proc.pid} still running after close"
+    assert not os.path.exists(f"/dev/shm/{pool.buffers.name}"), "shared memory left in /dev/shm"
+    assert _children() == {}, f"child processes left: {_children()}"
+
+
+def make_cfg(env_id: str, **kw) -> Config:
+    defaults = dict(env_id=env_id, actors_per_gpu=2, envs_per_actor=2, rollout_length=12, num_minibatches=1, seed=3,
+                    actor_timeout=30.0)
+    defaults.update(kw)
+    return Config(**defaults)
+
+
+def make_model(cfg: Config, obs_dim: int, act_dim: int, seed: int) -> ActorCritic:
+    torch.manual_seed(seed)
+    return ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+
+
+def snapshot(pool: ActorPool) -> dict[str, np.ndarray]:
+    return {name: pool.buffers.arrays[name].copy() for name in ROLLOUT_FIELDS}
+
+
+def assert_fully_written(data: dict[str, np.ndarray]) -> None:
+    for name, array in data.items():
+        if name in ("terminated", "truncated"):
+            assert not (array == FLAG_SENTINEL).any(), f"{name}: sentinel left (a slot no actor wrote)"
+        else:
+            assert np.isfinite(array).all(), f"{name}: NaN sentinel left (a slot no actor wrote)"
+
+
+@torch.no_grad()
+def value_of(model: ActorCritic, obs: np.ndarray) -> np.ndarray:
+    return model.value(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+
+@torch.no_grad()
+def check_policy_outputs(model: ActorCritic, data: dict[str, np.ndarray], a: int) -> None:
+    """Stored logp and values are what the model gives for the stored obs and raw actions."""
+    obs = torch.from_numpy(data["obs"][a]).reshape(-1, data["obs"].shape[-1])
+    actions = torch.from_numpy(data["actions"][a]).reshape(-1, data["actions"].shape[-1])
+    logp, _, value = model.evaluate(obs, actions)
+    np.testing.assert_allclose(data["logp"][a].reshape(-1), logp.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(data["values"][a].reshape(-1), value.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------- buffers (no processes)
+def test_buffer_layout_sentinel_and_stats():
+    spec = BufferSpec(num_actors=2, rollout_length=5, envs_per_actor=3, obs_dim=7, act_dim=2, num_params=101)
+    offsets, rollout_start, rollout_size, total = spec.layout()
+    spans = sorted((offsets[n], offsets[n] + d.itemsize * int(np.prod(s))) for n, (d, s) in spec.fields().items())
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), "fields overlap"
+    assert all(off % 64 == 0 for off in offsets.values())
+    assert rollout_start % os.sysconf("SC_PAGE_SIZE") == 0 and rollout_size % os.sysconf("SC_PAGE_SIZE") == 0
+    assert all(offsets[n] >= rollout_start for n in ROLLOUT_FIELDS) and spans[-1][1] <= total
+
+    owner = SharedBuffers.create(spec)
+    try:
+        assert np.isnan(owner.arrays["advantages"]).all() and (owner.arrays["truncated"] == FLAG_SENTINEL).all()
+        assert owner.obs.shape == (2, 5, 3, 7) and owner.actions.shape == (2, 5, 3, 2) and owner.weights.shape == (101,)
+        assert owner.read_stats() == (None, None)
+        obs_rms = Moments(np.arange(7.0), np.full(7, 2.0), 10.0)
+        owner.write_stats(obs_rms, Moments(np.array(1.5), np.array(4.0), 3.0))
+        attached = SharedBuffers.attach(spec, owner.name)  # what an actor sees
+        try:
+            got_obs, got_ret = attached.read_stats()
+            np.testing.assert_array_equal(got_obs.mean, obs_rms.mean)
+            np.testing.assert_array_equal(got_obs.var, obs_rms.var)
+            assert got_obs.count == 10.0 and float(got_ret.mean) == 1.5 and float(got_ret.var) == 4.0 and got_ret.count == 3.0
+            attached.values[1, 4, 2] = 42.0
+            assert owner.values[1, 4, 2] == 42.0
+        finally:
+            attached.close()
+        owner.write_stats(None, None)
+        assert owner.read_stats() == (None, None)
+    finally:
+        owner.close()
+    assert not os.path.exists(f"/dev/shm/{owner.name}")
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
+def test_policy_kernel_matches_model(activation):
+    model = ActorCritic(9, 3, (32, 16), activation, log_std_init=-0.5)
+    kernel = PolicyKernel(model, activation)
+    obs = torch.randn(13, 9) * 3
+    mean, value = kernel(obs.numpy())
+    with torch.no_grad():
+        np.testing.assert_allclose(mean, model.action_mean(obs).numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(value, model.value(obs).numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- scripted rollouts
+def test_scripted_rollout_contents_bootstrap_and_gae():
+    """Exact obs/rewards/flags, V(final obs) bootstrap on truncation, no bootstrap on termination, GAE."""
+    cfg = make_cfg(SCRIPTED, normalize_obs=True, normalize_reward=True, gamma=0.9, gae_lambda=0.8)
+    T, E, A = cfg.rollout_length, cfg.envs_per_actor, cfg.actors_per_gpu
+    rounds = [  # (weights seed, obs stats, return stats): round 1 has no statistics yet
+        (0, None, None),
+        (1, Moments(np.array([100.0, 2.0, 3.0]), np.array([9.0, 4.0, 300.0]), 50.0), Moments(np.array(0.5), np.array(2.5), 40.0)),
+    ]
+    scripts = {(a, e): scripted_env.expected_script(float(env_seed(cfg.seed, 0, a, e) % 1000), (len(rounds) + 1) * T)
+               for a in range(A) for e in range(E)}
+    tags = {scripts[k]["obs"][0, 0] for k in scripts}
+    assert len(tags) == A * E, "every env gets its own seed"
+    returns_tracker = {a: DiscountedReturn(E, cfg.gamma) for a in range(A)}
+    with ActorPool(cfg, rank=0, num_actors=A, obs_dim=3, act_dim=2, pin_memory=False) as pool:
+        for r, (weights_seed, obs_rms, ret_rms) in enumerate(rounds):
+            model = make_model(cfg, 3, 2, weights_seed)
+            reports = pool.collect(model, obs_rms, ret_rms)
+            data = snapshot(pool)
+            assert_fully_written(data)
+            assert [rep.actor_id for rep in reports] == list(range(A))
+            window = slice(r * T, (r + 1) * T)
+            for a in range(A):
+                check_policy_outputs(model, data, a)
+                exp = {k: np.stack([scripts[a, e][k][window] for e in range(E)], axis=1) for k in scripts[a, 0]}
+                raw_next = np.stack([scripts[a, e]["obs"][r * T + 1:(r + 1) * T + 1] for e in range(E)], axis=1)
+                ended = exp["terminated"] | exp["truncated"]
+                # what the buffer holds: obs as normalised for the policy, raw rewards, flags
+                np.testing.assert_array_equal(data["obs"][a], normalize_obs(exp["obs"], obs_rms, cfg.obs_clip))
+                np.testing.assert_array_equal(data["rewards"][a], exp["rewards"].astype(np.float32))
+                np.testing.assert_array_equal(data["terminated"][a], exp["terminated"])
+                np.testing.assert_array_equal(data["truncated"][a], exp["truncated"])
+                if r == 0:  # the script, spelled out: episodes of 3 (term), 4 (trunc), 2 (both) steps
+                    assert np.flatnonzero(data["terminated"][a][:, 0]).tolist() == [2, 8, 11]
+                    assert np.flatnonzero(data["truncated"][a][:, 0]).tolist() == [6, 8]
+                # next values: V(final obs) where an episode ended (the marker obs, not the reset one)
+                assert (exp["final"][ended][:, 2] > scripted_env.FINAL_MARKER).all()
+                next_obs = np.where(ended[..., None], exp["final"], raw_next)
+                expected_next = value_of(model, normalize_obs(next_obs, obs_rms, cfg.obs_clip))
+                np.testing.assert_allclose(data["next_values"][a], expected_next, rtol=1e-5, atol=1e-5)
+                reset_values = value_of(model, normalize_obs(raw_next, obs_rms, cfg.obs_clip))
+                assert not np.isclose(data["next_values"][a][exp["truncated"]], reset_values[exp["truncated"]], atol=1e-4).any()
+                # GAE on the recorded data, rewards scaled with the frozen return statistics
+                scaled = scale_reward(data["rewards"][a], ret_rms, cfg.reward_clip)
+                adv, ret = compute_gae(torch.from_numpy(scaled), torch.from_numpy(data["values"][a]),
+                                       torch.from_numpy(expected_next), torch.from_numpy(exp["terminated"]),
+                                       torch.from_numpy(exp["truncated"]), cfg.gamma, cfg.gae_lambda)
+                np.testing.assert_allclose(data["advantages"][a], adv.numpy(), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(data["returns"][a], ret.numpy(), rtol=1e-5, atol=1e-5)
+                term = exp["terminated"]  # no bootstrap and no leak from the next episode
+                np.testing.assert_allclose(data["advantages"][a][term], (scaled - data["values"][a])[term], rtol=1e-5, atol=1e-5)
+                trunc_only = exp["truncated"] & ~term
+                np.testing.assert_allclose(
+                    data["advantages"][a][trunc_only],
+                    (scaled + cfg.gamma * expected_next - data["values"][a])[trunc_only], rtol=1e-5, atol=1e-5)
+                # the report: this round's episodes and increments only
+                rep = reports[a]
+                assert rep.steps == T * E
+                ep_returns, ep_lengths = [], []
+                for t, e in zip(*np.nonzero(ended)):
+                    g = r * T + t
+                    starts = np.flatnonzero(scripts[a, e]["terminated"][:g] | scripts[a, e]["truncated"][:g])
+                    start = starts[-1] + 1 if starts.size else 0
+                    ep_returns.append(scripts[a, e]["rewards"][start:g + 1].sum())
+                    ep_lengths.append(g + 1 - start)
+                assert rep.episodes == len(ep_returns) == int(ended.sum())
+                np.testing.assert_allclose(rep.episode_returns, ep_returns, rtol=1e-12)
+                assert rep.episode_lengths == ep_lengths and rep.episode_len_sum == sum(ep_lengths)
+                assert rep.episode_return_sum == pytest.approx(sum(ep_returns))
+                want = compute_batch_moments(exp["obs"].reshape(T * E, 3))
+                np.testing.assert_allclose(rep.obs_moments.mean, want.mean, rtol=1e-12)
+                np.testing.assert_allclose(rep.obs_moments.var, want.var, rtol=1e-12)
+                assert rep.obs_moments.count == T * E
+                discounted = np.stack([returns_tracker[a].update(exp["rewards"][t], ended[t]) for t in range(T)])
+                want = compute_batch_moments(discounted.reshape(-1))
+                np.testing.assert_allclose([rep.return_moments.mean, rep.return_moments.var], [want.mean, want.var], rtol=1e-12)
+                assert rep.return_moments.count == T * E
+    assert_released(pool)
+
+
+# ------------------------------------------------------------------------------------------- MuJoCo rollouts
+@pytest.mark.parametrize("env_id", ["HalfCheetah-v5", "Hopper-v5"])
+def test_mujoco_rollout_matches_replay(env_id):
+    """Replaying each env with the clipped stored actions reproduces the stored obs, rewards and flags: the
+    env saw exactly clip(policy_action); logp/values match the model; obs increments are the raw obs moments."""
+    probe = make_env(env_id)
+    obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
+    low, high = probe.action_space.low, probe.action_space.high
+    probe.close()
+    cfg = make_cfg(env_id, rollout_length=48, normalize_obs=True, normalize_reward=True)
+    T, E, A = cfg.rollout_length, cfg.envs_per_actor, cfg.actors_per_gpu
+    replays = {}
+    for a in range(A):
+        for e in range(E):
+            env = make_env(env_id)
+            obs, _ = env.reset(seed=env_seed(cfg.seed, 0, a, e))
+            replays[a, e] = [env, obs.copy()]
+    obs_rms = ret_rms = None
+    outside = 0
+    with ActorPool(cfg, rank=0, num_actors=A, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False) as pool:
+        for r in range(2):
+            model = make_model(cfg, obs_dim, act_dim, seed=10 + r)
+            reports = pool.collect(model, obs_rms, ret_rms)
+            data = snapshot(pool)
+            assert_fully_written(data)
+            for a in range(A):
+                check_policy_outputs(model, data, a)
+                raw = np.zeros((T, E, obs_dim))
+                for e in range(E):
+                    env, obs = replays[a, e]
+                    for t in range(T):
+                        raw[t, e] = obs
+                        np.testing.assert_array_equal(data["obs"][a, t, e], normalize_obs(obs, obs_rms, cfg.obs_clip),
+                                                      err_msg=f"round {r} actor {a} env {e} step {t}: obs")
+                        action = data["actions"][a, t, e]
+                        outside += int(((action < low) | (action > high)).any())
+                        obs, reward, term, trunc, _ = env.step(np.clip(action, low, high))
+                        assert np.float32(reward) == data["rewards"][a, t, e], f"round {r} actor {a} env {e} step {t}: reward"
+                        assert (term, trunc) == (bool(data["terminated"][a, t, e]), bool(data["truncated"][a, t, e]))
+                        if term or trunc:
+                            obs, _ = env.reset()
+                        obs = obs.copy()
+                    replays[a, e][1] = obs
+                want = compute_batch_moments(raw.reshape(T * E, obs_dim))
+                np.testing.assert_allclose(reports[a].obs_moments.mean, want.mean, rtol=1e-9, atol=1e-12)
+                np.testing.assert_allclose(reports[a].obs_moments.var, want.var, rtol=1e-9, atol=1e-12)
+                assert reports[a].obs_moments.count == T * E
+            obs_rms = merge_rms_states([obs_rms] + [rep.obs_moments for rep in reports])
+            ret_rms = merge_rms_states([ret_rms] + [rep.return_moments for rep in reports])
+    assert outside > 0, "no sampled action left the bounds: the clipping check proved nothing"
+    if env_id == "Hopper-v5":
+        assert any(rep.episodes for rep in reports), "no episode ended: resets untested"
+    for env, _ in replays.values():
+        env.close()
+    assert_released(pool)
+
+
+def test_reproducible_across_pools_and_start_methods():
+    """Same seed and weights → bit-identical rollouts (forkserver vs spawn); another seed → other data."""
+    results = []
+    for seed, method in ((5, "forkserver"), (5, "spawn"), (6, "forkserver")):
+        cfg = make_cfg("HalfCheetah-v5", seed=seed, mp_start_method=method, rollout_length=16)
+        model = make_model(cfg, 17, 6, seed=0)
+        with ActorPool(cfg, rank=1, num_actors=2, obs_dim=17, act_dim=6, pin_memory=False) as pool:
+            first = pool.collect(model, None, None)
+            stats = merge_rms_states(rep.obs_moments for rep in first)
+            reports = pool.collect(model, stats, merge_rms_states(rep.return_moments for rep in first))
+            results.append((snapshot(pool), reports))
+        assert_released(pool)
+    (a, rep_a), (b, rep_b), (c, _) = results
+    for name in ROLLOUT_FIELDS:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    for x, y in zip(rep_a, rep_b):
+        np.testing.assert_array_equal(x.obs_moments.mean, y.obs_moments.mean)
+        np.testing.assert_array_equal(x.obs_moments.var, y.obs_moments.var)
+        assert (x.return_moments.mean, x.return_moments.var) == (y.return_moments.mean, y.return_moments.var)
+        assert (x.episode_returns, x.episode_lengths) == (y.episode_returns, y.episode_lengths)
+    assert not np.array_equal(a["obs"], c["obs"]) and not np.array_equal(a["actions"], c["actions"])
+    assert not np.array_equal(a["actions"][0], a["actions"][1]), "actors must draw different noise"
+
+
+# ---------------------------------------------------------------------------------------------- supervision
+def _collect_expecting_error(cfg: Config, rounds: int = 1) -> tuple[ActorError, float, ActorPool]:
+    pool = ActorPool(cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=3, act_dim=2, pin_memory=False)
+    model = make_model(cfg, 3, 2, seed=0)
+    with pool:
+        for _ in range(rounds - 1):
+            pool.collect(model, None, None)
+        start = time.monotonic()
+        with pytest.raises(ActorError) as info:
+            pool.collect(model, None, None)
+        elapsed = time.monotonic() - start
+        assert_released(pool)  # closed by the error itself, before the with block ends
+    return info.value, elapsed, pool
+
+
+def test_actor_exception_carries_traceback():
+    cfg = make_cfg("scripted_env:ScriptedRaise-v0", seed=scripted_env.FAILURE_SEED)
+    err, _, pool = _collect_expecting_error(cfg)
+    text = str(err)
+    assert "rank 0 actor 1" in text and "env 1" in text and "step 5" in text
+    assert "scripted failure at lifetime step 5" in text
+    assert "Traceback (most recent call last)" in text and "scripted_env.py" in text
+    assert (err.rank, err.actor_id, err.env_index, err.step) == (0, 1, 1, 5)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.collect(make_model(cfg, 3, 2, seed=0), None, None)
+    pool.close()  # idempotent
+
+
+@pytest.mark.parametrize("env_id,what", [("scripted_env:ScriptedNaNObs-v0", "non-finite observation"),
+                                         ("scripted_env:ScriptedNaNReward-v0", "non-finite reward")])
+def test_non_finite_env_output_is_an_error(env_id, what):
+    err, _, _ = _collect_expecting_error(make_cfg(env_id, seed=scripted_env.FAILURE_SEED))
+    assert what in str(err) and "rank 0 actor 1" in str(err)
+    assert (err.actor_id, err.env_index, err.step) == (1, 1, 4)
+
+
+def test_killed_actor_detected_at_once():
+    cfg = make_cfg("scripted_env:ScriptedSlow-v0", rollout_length=25, envs_per_actor=1)  # ~0.5 s per round
+    pool = ActorPool(cfg, rank=0, num_actors=2, obs_dim=3, act_dim=2, pin_memory=False)
+    model = make_model(cfg, 3, 2, seed=0)
+    with pool:
+        pool.collect(model, None, None)
+        victim = pool.pids[1]
+        killer = threading.Timer(0.2, os.kill, (victim, signal.SIGKILL))
+        killer.start()
+        start = time.monotonic()
+        with pytest.raises(ActorError) as info:
+            pool.collect(model, None, None)
+        elapsed = time.monotonic() - start
+        killer.join()
+        assert_released(pool)
+    assert elapsed < 3.0, f"a dead actor took {elapsed:.1f} s to notice (bound is {cfg.actor_timeout} s)"
+    assert "actor 1" in str(info.value) and "SIGKILL" in str(info.value) and info.value.exitcode == -signal.SIGKILL
+
+
+def test_stuck_actor_times_out():
+    cfg = make_cfg("scripted_env:ScriptedHang-v0", seed=scripted_env.FAILURE_SEED, actor_timeout=1.0)
+    err, elapsed, _ = _collect_expecting_error(cfg)
+    assert 1.0 <= elapsed < 6.0, elapsed
+    assert "actor 1 did not finish round 1" in str(err) and err.actor_id == 1
+
+
+def test_actors_ignore_sigint():
+    cfg = make_cfg(SCRIPTED)
+    model = make_model(cfg, 3, 2, seed=0)
+    with ActorPool(cfg, rank=0, num_actors=2, obs_dim=3, act_dim=2, pin_memory=False) as pool:
+        pool.collect(model, None, None)
+        for pid in pool.pids:
+            os.kill(pid, signal.SIGINT)
+        time.sleep(0.2)
+        pool.collect(model, None, None)  # every actor still serves
+        assert all(p.is_alive() for p in pool._procs)
+    assert_released(pool)
+
+
+def test_actors_exit_when_learner_dies():
+    """A learner killed without closing its pool: its actors see EOF on their pipe and exit by themselves."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path[:0] = [{str(TESTS_DIR.parent)!r}, {str(TESTS_DIR)!r}]
+        from ppo_ddp.actors import ActorPool
+        from ppo_ddp.config import Config
+        from ppo_ddp.model import ActorCritic
+        if __name__ == "__main__":
+            cfg = Config(env_id={SCRIPTED!r}, actors_per_gpu=2, envs_per_actor=1, rollout_length=4, num_minibatches=1)
+            pool = ActorPool(cfg, 0, 2, 3, 2, False)
+            pool.collect(ActorCritic(3, 2), None, None)
+            print(*pool.pids, flush=True)
+            os.kill(os.getpid(), 9)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids), "actors outlived their learner"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_rollout_with_cuda_model():
+    cfg = make_cfg(SCRIPTED)
+    model = make_model(cfg, 3, 2, seed=0).cuda()
+    with ActorPool(cfg, rank=0, num_actors=2, obs_dim=3, act_dim=2, pin_memory=True) as pool:
+        assert pool.buffers.obs.is_pinned() and pool.buffers.advantages.is_pinned()
+        pool.collect(model, None, None)
+        on_gpu = pool.buffers.advantages.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        assert torch.equal(on_gpu.cpu(), pool.buffers.advantages)
+        check_policy_outputs(model.cpu(), snapshot(pool), 0)
+    assert_released(pool)
