@@ -390,7 +390,7 @@ def test_actors_ignore_sigint():
     assert_released(pool)
 
 
-def test_actors_exit_when_learner_dies():
+def test_actors_exit_when_learner_dies(tmp_path):
     """A learner killed without closing its pool: its actors see EOF on their pipe and exit by themselves."""
     script = textwrap.dedent(f"""
         import os, sys
@@ -405,9 +405,13 @@ def test_actors_exit_when_learner_dies():
             print(*pool.pids, flush=True)
             os.kill(os.getpid(), 9)
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    pids = [int(p) for p in out.stdout.split()]
-    assert len(pids) == 2, out.stderr
+    stderr = tmp_path / "learner.err"
+    with open(stderr, "w") as err:  # actors inherit the learner's stdout: read one line, never wait for EOF
+        learner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err, text=True)
+        pids = [int(p) for p in learner.stdout.readline().split()]
+        learner.wait(timeout=60)
+        learner.stdout.close()
+    assert len(pids) == 2, stderr.read_text()
 
     def alive(pid: int) -> bool:
         try:
