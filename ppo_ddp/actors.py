@@ -465,7 +465,8 @@ class ActorPool:
         self._closed = False
         self._started_at = time.monotonic()
         try:
-            probe = ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+            with torch.random.fork_rng(devices=[]):  # the parameter count must not consume the learner's RNG
+                probe = ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
             spec = BufferSpec(num_actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_parameters(probe))
             self.buffers = SharedBuffers.create(spec)
             if pin_memory:

@@ -343,6 +343,18 @@ def test_actor_exception_carries_traceback():
     pool.close()  # idempotent
 
 
+def test_actor_start_up_failure_is_an_error():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    pool = ActorPool(make_cfg("scripted_env:NoSuchEnv-v0"), rank=2, num_actors=2, obs_dim=3, act_dim=2, pin_memory=False)
+    assert torch.equal(torch.rand(3), expected), "creating a pool must not consume the learner's RNG"
+    with pool, pytest.raises(ActorError) as info:
+        pool.collect(make_model(pool.cfg, 3, 2, seed=0), None, None)
+    assert "rank 2 actor" in str(info.value) and "during start-up" in str(info.value) and "NoSuchEnv" in str(info.value)
+    assert_released(pool)
+
+
 @pytest.mark.parametrize("env_id,what", [("scripted_env:ScriptedNaNObs-v0", "non-finite observation"),
                                          ("scripted_env:ScriptedNaNReward-v0", "non-finite reward")])
 def test_non_finite_env_output_is_an_error(env_id, what):
