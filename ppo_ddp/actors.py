@@ -79,7 +79,6 @@ class ActorError(RuntimeError):
     def __init__(
         self,
         message: str,
-        *,
         rank: int,
         actor_id: int,
         traceback_text: str = "",
@@ -91,12 +90,16 @@ class ActorError(RuntimeError):
         if traceback_text:
             full += f"\n\n--- traceback in actor process (rank {rank} actor {actor_id}) ---\n{traceback_text.rstrip()}"
         super().__init__(full)
+        self.message = message
         self.rank = rank
         self.actor_id = actor_id
         self.traceback_text = traceback_text
         self.exitcode = exitcode
         self.env_index = env_index
         self.step = step
+
+    def __reduce__(self):  # picklable (e.g. to be gathered from another rank) despite the extra fields
+        return type(self), (self.message, self.rank, self.actor_id, self.traceback_text, self.exitcode, self.env_index, self.step)
 
 
 class EnvError(RuntimeError):

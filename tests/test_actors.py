@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -338,6 +339,8 @@ def test_actor_exception_carries_traceback():
     assert "scripted failure at lifetime step 5" in text
     assert "Traceback (most recent call last)" in text and "scripted_env.py" in text
     assert (err.rank, err.actor_id, err.env_index, err.step) == (0, 1, 1, 5)
+    again = pickle.loads(pickle.dumps(err))
+    assert str(again) == text and (again.actor_id, again.env_index, again.step) == (1, 1, 5)
     with pytest.raises(RuntimeError, match="closed"):
         pool.collect(make_model(cfg, 3, 2, seed=0), None, None)
     pool.close()  # idempotent
