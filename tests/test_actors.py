@@ -441,6 +441,40 @@ def test_actors_exit_when_learner_dies(tmp_path):
     assert not any(alive(p) for p in pids), "actors outlived their learner"
 
 
+def test_ctrl_c_gives_one_traceback_and_no_orphans(tmp_path):
+    """Ctrl-C (SIGINT to the whole foreground process group) while the learner trains and its actors wait:
+    the learner raises KeyboardInterrupt and closes its pool; the actors print nothing and are gone."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path[:0] = [{str(TESTS_DIR.parent)!r}, {str(TESTS_DIR)!r}]
+        from ppo_ddp.actors import ActorPool
+        from ppo_ddp.config import Config
+        from ppo_ddp.model import ActorCritic
+        if __name__ == "__main__":
+            cfg = Config(env_id="scripted_env:ScriptedSlow-v0", actors_per_gpu=2, envs_per_actor=1, rollout_length=10,
+                         num_minibatches=1)
+            model = ActorCritic(3, 2)
+            with ActorPool(cfg, 0, 2, 3, 2, False) as pool:
+                while True:
+                    pool.collect(model, None, None)
+                    print(*pool.pids, flush=True)
+                    time.sleep(2.0)  # "training": the actors wait for the next round
+    """)
+    stderr = tmp_path / "learner.err"
+    with open(stderr, "w") as err:
+        learner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err, text=True,
+                                   start_new_session=True)  # its own process group, like a terminal job
+        pids = [int(p) for p in learner.stdout.readline().split()]
+        time.sleep(0.1)
+        os.killpg(learner.pid, signal.SIGINT)
+        learner.wait(timeout=30)
+        learner.stdout.close()
+    text = stderr.read_text()
+    assert len(pids) == 2, text
+    assert text.count("Traceback") == 1 and text.rstrip().endswith("KeyboardInterrupt"), text
+    assert all(not os.path.exists(f"/proc/{pid}") for pid in pids), "actors left running after Ctrl-C"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pinned_rollout_with_cuda_model():
     cfg = make_cfg(SCRIPTED)
