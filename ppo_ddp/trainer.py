@@ -44,14 +44,15 @@ def main(cfg: Config) -> None:
         if topology.num_learners > 1:
             launch_learners(topology.num_learners, sys.argv)
             return
-        device = topology.device
+        device = "cuda:0" if topology.device == "cuda" else topology.device
     else:
         device = None
     try:
         with D.process_group(device) as ctx:
             train(cfg, ctx)
     except (ConfigError, CheckpointError) as e:  # e.g. a torchrun topology that does not fit this machine, or a checkpoint of another env
-        print(f"train.py: error: {e}", file=sys.stderr)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank finds the same; one line is enough
+            print(f"train.py: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -58,6 +58,19 @@ def _worker(rank: int, port: int, results) -> None:
 
 @pytest.fixture(scope="module")
 def results():
+    # Two CPU ranks even on a GPU box (spawned workers inherit the environment): this tests gloo.
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        return _run_workers()
+    finally:
+        if saved is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
+def _run_workers() -> dict:
     manager = mp.get_context("spawn").Manager()
     shared = manager.dict()
     mp.start_processes(_worker, args=(_free_port(), shared), nprocs=WORLD, start_method="spawn", join=True)

@@ -30,7 +30,8 @@ TIMEOUT = 240  # seconds; a hang fails the test instead of CI
 
 
 def run(args: list[str], tmp_path: Path, debug: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # CPU and gloo even on a GPU box: these are the CI paths (scripts/gpu_check.sh covers CUDA).
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
     if debug:
         env["PPO_DDP_DEBUG_DIR"] = str(tmp_path / "debug")
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
