@@ -124,7 +124,7 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
             vals = [float(r["eval_mean"]) for r in rows if r["env"] == env_id and int(r["world_size"]) == world]
             steps = {int(r["total_steps"]) for r in rows if r["env"] == env_id and int(r["world_size"]) == world}
             note = f" ({len(vals)})" if vals else ""
-            if steps and steps != {1_000_000} and max(steps) < 1_000_000:
+            if steps and max(steps) < 1_000_000:
                 note += f" at {max(steps):,} steps"
             ours.append(mean_std(vals) + note)
         lines.append(f"| {env_id} | {' | '.join(refs)} | {' | '.join(ours)} |")
@@ -162,9 +162,10 @@ def main() -> None:
                 metrics_csv = args.out_dir / "curves" / f"{run_dir.name}.csv"
                 metrics_csv.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(run_dir / "metrics.csv", metrics_csv)
-                steps = load_curve(metrics_csv)[0]
+                with open(metrics_csv, newline="") as f:
+                    total_steps = max(int(r["global_step"]) for r in csv.DictReader(f))
                 row = {
-                    "env": env_id, "seed": seed, "world_size": world, "total_steps": int(steps.max()),
+                    "env": env_id, "seed": seed, "world_size": world, "total_steps": total_steps,
                     "wall_seconds": round(wall, 1), "eval_mean": round(float(np.mean(returns)), 1),
                     "eval_std": round(float(np.std(returns)), 1), "eval_episodes": len(returns),
                     "train_return_last10pct": round(last_fraction_return(metrics_csv), 1),
