@@ -9,9 +9,10 @@ pipe.
 Supervision: the learner waits on the actor pipes and the process sentinels together, with a bound of
 `cfg.actor_timeout + ROUND_TIME_FACTOR * (slowest round so far)`. An exception in an actor comes back as
 an `ActorError` carrying the actor's traceback; a dead actor is noticed at once through its sentinel; a
-stuck one after the bound. Every error path closes the pool: actors are terminated (then killed) and
-joined, and the shared memory is unlinked. Actors ignore SIGINT (Ctrl-C is the learner's to handle) and
-exit quietly when the learner goes away (EOF on their pipe).
+stuck one after the bound. Every error path closes the pool: actors are killed and joined, and the shared
+memory is unlinked. Actors ignore SIGINT and SIGTERM (stopping is the learner's decision: torchrun and Slurm
+signal a learner's whole process group, and an actor dying of that signal would turn a graceful stop into
+an actor failure) and exit quietly when the learner goes away (EOF on their pipe).
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ ROUND_TIME_FACTOR = 2.0
 MIN_STARTUP_TIMEOUT = 60.0
 """Actors get max(cfg.actor_timeout, this) seconds from the pool's start to import, build their envs and report ready."""
 CLOSE_TIMEOUT = 5.0
-"""Seconds idle actors get to exit on a "close" message before they are terminated."""
+"""Seconds idle actors get to exit on a "close" message before they are killed."""
+IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The learner's to handle (ppo_ddp/signals.py); actors and the forkserver ignore them from their start."""
 FORKSERVER_PRELOAD = ["ppo_ddp.actors", "mujoco"]
 """Imported once in the forkserver, so each actor starts without re-importing torch, gymnasium and MuJoCo."""
 
@@ -71,6 +74,8 @@ class ActorReport:
     return_moments: Optional[Moments]
     """Moments of this round's discounted returns G (None unless cfg.normalize_reward)."""
     steps: int
+    noise_state: Optional[torch.Tensor] = None
+    """The action-noise generator's state after the round, for checkpoints (a resumed actor continues it)."""
 
 
 class ActorError(RuntimeError):
@@ -119,6 +124,7 @@ class _ActorArgs:
     actor_id: int
     buffer_spec: BufferSpec
     shm_name: str
+    noise_state: Optional[torch.Tensor] = None
 
 
 class PolicyKernel:
@@ -174,7 +180,8 @@ class Actor:
     the round's ActorReport. It runs in the actor process; tests also drive it in-process.
     """
 
-    def __init__(self, cfg: Config, rank: int, actor_id: int, buffers: SharedBuffers) -> None:
+    def __init__(self, cfg: Config, rank: int, actor_id: int, buffers: SharedBuffers,
+                 noise_state: Optional[torch.Tensor] = None) -> None:
         spec = buffers.spec
         self.cfg, self.rank, self.actor_id, self.buffers = cfg, rank, actor_id, buffers
         T, E, D = cfg.rollout_length, cfg.envs_per_actor, spec.obs_dim
@@ -194,6 +201,8 @@ class Actor:
         self.model.requires_grad_(False)
         self.kernel = PolicyKernel(self.model, cfg.activation)
         self.generator = torch.Generator().manual_seed(noise_seed(cfg.seed, rank, actor_id))
+        if noise_state is not None:  # resumed from a checkpoint: continue the noise where it stopped
+            self.generator.set_state(noise_state)
         self.discounted = DiscountedReturn(E, cfg.gamma) if cfg.normalize_reward else None
         # persistent across rounds: raw[0] holds the observation each env is in when a round starts
         self.raw = np.zeros((T + 1, E, D), dtype=np.float64)
@@ -342,6 +351,7 @@ class Actor:
             obs_moments=obs_moments,
             return_moments=return_moments,
             steps=T * E,
+            noise_state=self.generator.get_state(),
         )
 
 
@@ -365,7 +375,8 @@ def _error_message(exc: BaseException, round_k: Optional[int]) -> tuple:
 
 def _actor_main(conn: mp.connection.Connection, args: _ActorArgs) -> None:
     """Entry point of an actor process: build, report ready, then serve rounds until "close" or EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's; it closes the pool
+    for sig in IGNORED_SIGNALS:  # Ctrl-C and SIGTERM are the learner's; it closes the pool
+        signal.signal(sig, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the learner asks for a stack dump of a stuck actor
     torch.set_num_threads(1)
     buffers: Optional[SharedBuffers] = None
@@ -373,7 +384,7 @@ def _actor_main(conn: mp.connection.Connection, args: _ActorArgs) -> None:
     try:
         try:
             buffers = SharedBuffers.attach(args.buffer_spec, args.shm_name)
-            actor = Actor(args.cfg, args.rank, args.actor_id, buffers)
+            actor = Actor(args.cfg, args.rank, args.actor_id, buffers, args.noise_state)
         except BaseException as exc:
             _send(conn, _error_message(exc, None))
             return
@@ -416,21 +427,22 @@ worker threads would compete with the other actors (torch.set_num_threads cannot
 
 @contextlib.contextmanager
 def _child_start_state() -> Iterator[None]:
-    """Start children (and the forkserver) with SIGINT ignored and single-threaded math libraries.
+    """Start children (and the forkserver) with SIGINT and SIGTERM ignored and single-threaded math libraries.
 
-    Ignored signals stay ignored across exec, so an actor ignores Ctrl-C from its first instruction, not
-    only once _actor_main runs; the learner's own handler and environment are restored on exit.
+    Ignored signals stay ignored across exec, so an actor ignores them from its first instruction, not only
+    once _actor_main runs; so does the forkserver, whose death would look like the death of every actor.
+    The learner's own handlers and environment are restored on exit.
     """
     saved_env = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
     os.environ.update(SINGLE_THREAD_ENV)
-    previous = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in IGNORED_SIGNALS}
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for k, v in saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -456,8 +468,12 @@ class ActorPool:
     sorted by actor id; the rollout is then in `buffers` ([A, T, E, ...] tensors, see ppo_ddp/buffers.py).
     """
 
-    def __init__(self, cfg: Config, rank: int, num_actors: int, obs_dim: int, act_dim: int, pin_memory: bool) -> None:
+    def __init__(self, cfg: Config, rank: int, num_actors: int, obs_dim: int, act_dim: int, pin_memory: bool,
+                 noise_states: Optional[list[torch.Tensor]] = None) -> None:
+        """noise_states: each actor's action-noise generator state to continue from (a resumed run), or None."""
         self.cfg, self.rank, self.num_actors = cfg, rank, num_actors
+        if noise_states is not None and len(noise_states) != num_actors:
+            raise ValueError(f"{len(noise_states)} noise states for {num_actors} actors")
         self.round_seconds = 0.0
         self.buffers: Optional[SharedBuffers] = None
         self._procs: list[mp.process.BaseProcess] = []
@@ -481,7 +497,8 @@ class ActorPool:
                     self._conns.append(parent_conn)
                     proc = ctx.Process(
                         target=_actor_main,
-                        args=(child_conn, _ActorArgs(cfg, rank, a, spec, self.buffers.name)),
+                        args=(child_conn, _ActorArgs(cfg, rank, a, spec, self.buffers.name,
+                                                     noise_states[a] if noise_states is not None else None)),
                         name=f"ppo-actor-r{rank}-a{a}",
                         daemon=True,
                     )
@@ -631,7 +648,7 @@ class ActorPool:
 
     # ---- shutdown -------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the actors (politely, then terminate/kill), join them and unlink the shared memory. Idempotent."""
+        """Stop the actors (politely, then kill), join them and unlink the shared memory. Idempotent."""
         self._shutdown(graceful=True)
 
     def _shutdown(self, graceful: bool) -> None:
@@ -646,14 +663,13 @@ class ActorPool:
                 deadline = time.monotonic() + CLOSE_TIMEOUT
                 for proc in self._procs:
                     proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            # SIGKILL, not SIGTERM: actors ignore SIGTERM, and hold nothing that needs a clean exit (the learner
+            # owns the shared memory).
             for proc in self._procs:
-                if proc.is_alive():
-                    proc.terminate()
-            for proc in self._procs:
-                proc.join(timeout=2.0)
                 if proc.is_alive():
                     proc.kill()
-                    proc.join()
+            for proc in self._procs:
+                proc.join(timeout=5.0)
         finally:
             for conn in self._conns:
                 with contextlib.suppress(Exception):

@@ -9,6 +9,7 @@ names the field, the value and what is allowed, and exit status 2.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import typing
 from dataclasses import dataclass
@@ -106,10 +107,10 @@ class Config:
     """Folder that holds one subfolder per run."""
     metrics_path: Optional[str] = None
     """CSV of per-round metrics (default: runs_dir/run_name/metrics.csv)."""
-    save_interval: int = 10
-    """Write the latest checkpoint every this many rounds (and at the end)."""
+    save_interval: int = 5
+    """Write the latest checkpoint every this many rounds (and at the end, and on a stop signal)."""
     resume: Optional[str] = None
-    """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name."""
+    """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name (a fresh start if it has none)."""
 
     config: Optional[str] = None
     """YAML file whose keys set defaults for the fields above; flags override it."""
@@ -217,6 +218,10 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
     if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():
         raise _fail("resume", cfg.resume, "must be 'auto' or the path of an existing checkpoint file")
+    if cfg.resume == "auto" and not cfg.run_name:
+        raise _fail("resume", cfg.resume, "needs --run-name: the run whose latest checkpoint to continue")
+    if cfg.run_name is not None and (not cfg.run_name.strip() or "/" in cfg.run_name or cfg.run_name in (".", "..")):
+        raise _fail("run_name", cfg.run_name, "must be a folder name (not empty, no '/')")
     actors_per_learner(cfg, cfg.num_gpus)
     if check_env:
         check_env_id(cfg.env_id)
@@ -243,10 +248,19 @@ def actors_per_learner(cfg: Config, num_learners: int) -> int:
 
 def check_env_id(env_id: str) -> None:
     """The env must be registered in gymnasium and have a Box action space."""
+    import importlib
+
     import gymnasium as gym
 
+    registered_id = env_id
+    if ":" in env_id:  # "module:Env-v0": gym.make imports the module that registers the env; so do we
+        module, registered_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise _fail("env_id", env_id, f"cannot import module {module!r} ({e})") from None
     try:
-        gym.spec(env_id)
+        gym.spec(registered_id)
     except gym.error.Error as e:
         raise _fail("env_id", env_id, f"not a registered gymnasium env ({str(e).splitlines()[0]})") from None
     from ppo_ddp.envs import make_env
@@ -293,7 +307,8 @@ def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -
             cfg = dataclasses.replace(cfg, config=path)
         validate(cfg, check_env=check_env)
     except ConfigError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun every rank finds it: one line per node
+            print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     return cfg
 

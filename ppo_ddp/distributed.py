@@ -7,11 +7,13 @@ here is called per mini-batch (learners train independently between weight avera
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -23,8 +25,31 @@ from ppo_ddp.normalization import Moments, merge_rms_states
 from ppo_ddp.topology import resolve_rank_device
 
 # A collective that waits longer than this means a peer rank is gone or stuck; better a clear timeout
-# than a hang. Rounds are seconds long, so ten minutes only ever fires on a real fault.
+# than a hang. It is the last line of defence: a rank that fails in its own work tells the others through
+# `agree` within a round, and a rank that dies on one node makes torchrun stop its peers within seconds
+# (docs/reliability.md). It only decides when a whole node vanishes under NCCL, and it must exceed the
+# longest legitimate wait: one rank's slowest rollout plus update. Rounds are seconds long.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+
+
+class PeerLostError(dist.DistError):
+    """A collective failed because another rank is gone (killed, crashed): gloo and NCCL say so with a
+    plain RuntimeError; the trainer turns this one into a one-line message and exit status 1."""
+
+
+def _collective(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every collective below: a communication failure becomes PeerLostError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except dist.DistError:
+            raise
+        except RuntimeError as e:
+            raise PeerLostError(str(e)) from e
+
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -67,6 +92,8 @@ def setup(single_process_device: Optional[str] = None) -> DistContext:
         rank, world_size, local_rank = 0, 1, 0
         device = torch.device(single_process_device or "cpu")
         store = dist.HashStore()
+    if under_torchrun() and world_size == int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
+        _loopback_sockets()
     if device.type == "cuda":
         # Bind before the first collective: otherwise every rank's NCCL communicator lands on cuda:0.
         torch.cuda.set_device(device)
@@ -74,12 +101,46 @@ def setup(single_process_device: Optional[str] = None) -> DistContext:
     else:
         backend = "gloo"
     kwargs: dict[str, Any] = {"backend": backend, "timeout": COLLECTIVE_TIMEOUT}
+    if store is None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = _attempt_store(world_size)
     if store is not None:
-        kwargs.update(store=store, rank=0, world_size=1)
+        kwargs.update(store=store, rank=rank, world_size=world_size)
     if backend == "nccl":
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
     return DistContext(rank, world_size, local_rank, device, device if backend == "nccl" else torch.device("cpu"))
+
+
+def _attempt_store(world_size: int) -> dist.Store:
+    """The torchelastic agent's store, with a key prefix of its own for each restart of the group.
+
+    The agent's store outlives a restart (--max-restarts) and torch's env:// setup reuses it without a
+    prefix, so a restarted rank can read the address a dead rank of the previous attempt published there and
+    wait for it for the whole collective timeout (seen with torch 2.13 and gloo). A prefix per attempt
+    keeps each attempt's keys apart.
+    """
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                         timeout=COLLECTIVE_TIMEOUT)
+    return dist.PrefixStore(f"ppo_ddp/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
+
+
+def _loopback_interface() -> Optional[str]:
+    try:
+        return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+    except OSError:
+        return None
+
+
+def _loopback_sockets() -> None:
+    """All ranks on this one node: let gloo and NCCL listen on the loopback interface only.
+
+    By default they listen on the address the host name resolves to, which may be reachable from the
+    network; a user's own choice (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME already set) is kept.
+    """
+    lo = _loopback_interface()
+    if lo is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
 
 
 def teardown() -> None:
@@ -101,6 +162,7 @@ def _f64(ctx: DistContext, values: Sequence[float] | np.ndarray) -> torch.Tensor
     return torch.as_tensor(np.asarray(values, dtype=np.float64), device=ctx.comm_device)
 
 
+@_collective
 def all_reduce_sum(ctx: DistContext, values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Element-wise sum over ranks of a small float64 vector."""
     t = _f64(ctx, values)
@@ -108,6 +170,7 @@ def all_reduce_sum(ctx: DistContext, values: Sequence[float] | np.ndarray) -> np
     return t.cpu().numpy()
 
 
+@_collective
 @torch.no_grad()
 def average_parameters(ctx: DistContext, model: torch.nn.Module) -> None:
     """Replace every rank's parameters by their mean over ranks (not Adam's moments: each rank keeps its own).
@@ -127,6 +190,7 @@ def average_parameters(ctx: DistContext, model: torch.nn.Module) -> None:
         offset += p.numel()
 
 
+@_collective
 @torch.no_grad()
 def broadcast_parameters(ctx: DistContext, model: torch.nn.Module) -> None:
     """Make every rank start from rank 0's initial weights."""
@@ -134,6 +198,7 @@ def broadcast_parameters(ctx: DistContext, model: torch.nn.Module) -> None:
         dist.broadcast(p.data, src=0)
 
 
+@_collective
 def merge_moments_across_ranks(ctx: DistContext, local: Optional[Moments], shape: tuple[int, ...]) -> Optional[Moments]:
     """all_gather of (count, mean, var) from every rank, merged in rank order: the same result on every rank."""
     size = int(np.prod(shape))
@@ -153,6 +218,7 @@ def merge_moments_across_ranks(ctx: DistContext, local: Optional[Moments], shape
     return merge_rms_states(states)
 
 
+@_collective
 def global_mean_std(ctx: DistContext, x: torch.Tensor) -> tuple[float, float]:
     """Mean and (unbiased) std of x over all ranks' elements, accumulated in float64."""
     x64 = x.detach().to(torch.float64)
@@ -172,6 +238,7 @@ def average_metrics(ctx: DistContext, metrics: dict[str, float]) -> dict[str, fl
     return {k: float(v) / ctx.world_size for k, v in zip(keys, summed)}
 
 
+@_collective
 def gather_objects(ctx: DistContext, obj: Any) -> list[Any]:
     """Small picklable objects from every rank, in rank order, on every rank."""
     out: list[Any] = [None] * ctx.world_size
@@ -179,6 +246,7 @@ def gather_objects(ctx: DistContext, obj: Any) -> list[Any]:
     return out
 
 
+@_collective
 def broadcast_object(ctx: DistContext, obj: Any) -> Any:
     """Rank 0's obj on every rank (e.g. the run name, which holds rank 0's start time)."""
     box = [obj]
@@ -189,3 +257,85 @@ def broadcast_object(ctx: DistContext, obj: Any) -> Any:
 def any_rank(ctx: DistContext, flag: bool) -> bool:
     """True on every rank if flag is True on any rank: how ranks agree to stop together."""
     return bool(all_reduce_sum(ctx, [1.0 if flag else 0.0])[0] > 0)
+
+
+@_collective
+def agree(ctx: DistContext, stop_signal: int, failed: bool) -> tuple[int, bool]:
+    """The round's agreement, one all_reduce (max) every rank joins at the same point of every round.
+
+    stop_signal is the number of a stop signal this rank received (0: none), failed whether this rank's own
+    work failed. Every rank gets the same answer: the highest signal number asked for anywhere, and whether
+    any rank failed. A failing rank still calls this before it leaves, so no rank is left in a collective.
+    """
+    flags = _f64(ctx, [float(stop_signal), 1.0 if failed else 0.0])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    signum, any_failed = flags.tolist()
+    return int(signum), any_failed > 0
+
+
+@_collective
+def gather_to_main(ctx: DistContext, obj: Any) -> Optional[list[Any]]:
+    """Small picklable objects from every rank, in rank order, on rank 0 only (None elsewhere)."""
+    out: Optional[list[Any]] = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+# ---- our own launch of several learners on one machine (`python train.py --num-gpus N`) -----------------
+LOOPBACK_RDZV_BACKEND = "ppo-loopback"
+
+
+def _loopback_rendezvous(params: Any) -> Any:
+    """A torchelastic rendezvous for one node whose TCPStore listens on 127.0.0.1 only.
+
+    torchrun's --standalone store binds every interface (TCPStore does unless handed a listening socket);
+    this one is handed a socket bound to loopback. Otherwise it is torchrun's static rendezvous for one node:
+    the workers use this store (the agent store) for their process group too.
+    """
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
+
+    class LoopbackRendezvous(RendezvousHandler):
+        def __init__(self, run_id: str, timeout: timedelta) -> None:
+            self.run_id = run_id
+            self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._listener.bind(("127.0.0.1", 0))
+            self._listener.listen()
+            self.port = self._listener.getsockname()[1]
+            self._store = dist.TCPStore("127.0.0.1", self.port, 1, True, timeout, multi_tenant=True,
+                                        master_listen_fd=self._listener.fileno())
+
+        def get_backend(self) -> str:
+            return LOOPBACK_RDZV_BACKEND
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True
+
+        def next_rendezvous(self) -> Any:
+            return RendezvousInfo(dist.PrefixStore(self.run_id, self._store), 0, 1,
+                                  RendezvousStoreInfo("127.0.0.1", self.port))
+
+        def is_closed(self) -> bool:
+            return False
+
+        def set_closed(self) -> None:
+            pass
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def get_run_id(self) -> str:
+            return self.run_id
+
+        def shutdown(self) -> bool:
+            return True
+
+    if params.max_nodes != 1:
+        raise ValueError(f"the {LOOPBACK_RDZV_BACKEND} rendezvous is for one node, not {params.max_nodes}")
+    return LoopbackRendezvous(params.run_id, timedelta(seconds=int(params.config.get("timeout", 600))))
+
+
+def register_loopback_rendezvous() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(LOOPBACK_RDZV_BACKEND, _loopback_rendezvous)

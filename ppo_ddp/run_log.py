@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.metadata
 import math
+import os
 import subprocess
 import sys
 import time
@@ -54,6 +55,30 @@ def _format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def _drop_rows_after(path: Path, last_step: int) -> None:
+    """Keep the header and the whole rows with global_step <= last_step (atomically: temp file + rename)."""
+    with open(path, newline="") as f:
+        text = f.read()
+    rows = list(csv.reader(text.splitlines()))
+    if not rows or "global_step" not in rows[0]:
+        return
+    col = rows[0].index("global_step")
+
+    def keep(row: list[str]) -> bool:
+        try:
+            return len(row) == len(rows[0]) and int(float(row[col])) <= last_step
+        except ValueError:
+            return False
+
+    kept = [rows[0]] + [r for r in rows[1:] if keep(r)]
+    if len(kept) == len(rows) and text.endswith("\n"):  # nothing past the checkpoint, no torn last line
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows(kept)
+    os.replace(tmp, path)
+
+
 class RunLogger:
     """TensorBoard scalars, one CSV row per round and a progress line; only rank 0 makes one."""
 
@@ -66,6 +91,8 @@ class RunLogger:
         self.metrics_path = metrics_path
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         append = resumed and self.metrics_path.exists() and self.metrics_path.stat().st_size > 0
+        if append:  # likewise for the CSV: rows past the checkpoint are redone by this run
+            _drop_rows_after(self.metrics_path, start_step)
         self._csv_file = open(self.metrics_path, "a" if append else "w", newline="")
         self._csv: Optional[csv.DictWriter] = None
         self._fieldnames: Optional[list[str]] = None

@@ -3,23 +3,35 @@
 Read top to bottom, one round (DESIGN.md "One iteration") is: publish weights and frozen statistics →
 actors sample → merge statistics over actors and ranks → PPO update → average weights every
 param_sync_interval rounds → metrics averaged over ranks → rank 0 logs and saves.
+
+Nothing lost (docs/reliability.md): each round alternates a rank's own work (rollout; update; rank 0's
+logging and saving), which may fail, with collectives, which every rank must reach. Every rank meets the
+others at `settle` after its own work, carrying a stop request (SIGINT/SIGTERM) and whether its work
+failed; the answer is the same everywhere, so all ranks stop, or fail, after the same round and none is
+left waiting in a collective. A rank that dies outright is torchrun's to notice (it stops the others).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shlex
 import sys
 import time
+import traceback
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import yaml
 
 from ppo_ddp import distributed as D
-from ppo_ddp.actors import ActorPool, ActorReport
+from ppo_ddp.actors import ActorError, ActorPool, ActorReport
 from ppo_ddp.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ppo_ddp.config import Config, ConfigError, actors_per_learner, config_to_dict
 from ppo_ddp.envs import make_env
@@ -27,6 +39,7 @@ from ppo_ddp.learner import Learner, RolloutBatch
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.normalization import Moments, merge_rms_states
 from ppo_ddp.run_log import RunLogger, write_run_config
+from ppo_ddp.signals import ForcedStop, StopRequests, exit_code, signal_name
 from ppo_ddp.topology import resolve_training_topology
 
 RETURN_WINDOW = 100
@@ -35,9 +48,40 @@ RETURN_WINDOW = 100
 DEBUG_DIR_ENV = "PPO_DDP_DEBUG_DIR"
 """When set, every rank writes its local parameters, metrics and statistics of each round there (tests use it)."""
 
+LAUNCHER_ENV = "PPO_DDP_LAUNCHER"
+"""Set by launch_learners for its workers: the resume hint then says `python train.py`, not torchrun."""
+
+
+class RunFailed(RuntimeError):
+    """A failure all ranks agreed on (settle): every rank raises it and exits with exit_code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Stopped(Exception):
+    """All ranks stopped on a signal after the checkpoint was written."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+
+class NonFiniteError(FloatingPointError):
+    """The update produced NaN/inf parameters or losses."""
+
+
+def _is_local_main() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
 
 def main(cfg: Config) -> None:
-    """Entry of train.py: launch the learners (torchrun, or our own elastic launch), then train."""
+    """Entry of train.py: launch the learners (torchrun, or our own elastic launch), then train.
+
+    Exit status: 0 done; 1 a failure during training (the message names rank, actor, env and step); 2 bad
+    input (config, checkpoint, topology); 128 + signal number (130 Ctrl-C, 143 SIGTERM) stopped by a signal.
+    """
     if not D.under_torchrun():
         topology = resolve_training_topology(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu,
                                              torch.cuda.device_count(), D._mps_available())
@@ -48,24 +92,43 @@ def main(cfg: Config) -> None:
     else:
         device = None
     try:
-        with D.process_group(device) as ctx:
-            train(cfg, ctx)
-    except (ConfigError, CheckpointError) as e:  # e.g. a torchrun topology that does not fit this machine, or a checkpoint of another env
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank finds the same; one line is enough
+        # Installed once the process group is up: a signal while it forms (which can wait on other nodes)
+        # ends the learner as usual, with nothing to save; from then on it is a stop at the next round.
+        with D.process_group(device) as ctx, StopRequests(announce=_is_local_main()) as stop:
+            train(cfg, ctx, stop)
+    except (ConfigError, CheckpointError) as e:  # found alike by every rank (e.g. a topology that does not fit)
+        if _is_local_main():  # one line per node
             print(f"train.py: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RunFailed as e:  # said by train() already
+        raise SystemExit(e.exit_code) from None
+    except (Stopped, ForcedStop) as e:
+        raise SystemExit(exit_code(e.signum)) from None
 
 
 def launch_learners(num_learners: int, argv: list[str]) -> None:
     """`python train.py` with several learners: start them through torch's elastic launcher, like torchrun.
 
     argv is train.py's command line (script first); every learner re-runs it under torchrun's environment.
+    The rendezvous store listens on 127.0.0.1 only (torchrun --standalone's listens on every interface).
+    Exits with the first failed learner's status, or 128 + signal when the launcher itself was signalled.
     """
-    from torch.distributed.run import main as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
 
-    args = ["--standalone", f"--nproc_per_node={num_learners}", *argv]
+    D.register_loopback_rendezvous()
+    args = [f"--rdzv-backend={D.LOOPBACK_RDZV_BACKEND}", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4()}",
+            "--nnodes=1", f"--nproc_per_node={num_learners}", *argv]
     print(f"starting {num_learners} learners: torchrun {' '.join(args)}", flush=True)
-    torchrun(args)
+    os.environ[LAUNCHER_ENV] = "python"
+    try:
+        run(parse_args(args))
+    except ChildFailedError as e:  # each learner has said what went wrong; torchrun's report would repeat it
+        code = e.get_first_failure()[1].exitcode
+        raise SystemExit(code if code > 0 else 128 - code) from None
+    except SignalException as e:  # Ctrl-C: the learners got it forwarded, saved and stopped
+        raise SystemExit(exit_code(int(e.sigval))) from None
 
 
 def _default_run_name(cfg: Config) -> str:
@@ -82,7 +145,19 @@ def _merge_reports(ctx: D.DistContext, reports: list[ActorReport], field: str, s
     return D.merge_moments_across_ranks(ctx, local, shape)
 
 
-def train(cfg: Config, ctx: D.DistContext) -> None:
+def _to_cpu(obj: Any) -> Any:
+    """Tensors of a nested state (e.g. an optimizer's) moved to the CPU, for pickling to another rank."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) -> None:
+    stop = stop or StopRequests()  # not entered: never set
     # Under torchrun the world size is the number of learners asked for; otherwise num_gpus is (and the
     # topology may have granted fewer, each with the same actors).
     requested_learners = ctx.world_size if D.under_torchrun() else cfg.num_gpus
@@ -107,68 +182,176 @@ def train(cfg: Config, ctx: D.DistContext) -> None:
     D.broadcast_parameters(ctx, model)
     learner = Learner(cfg, model, ctx.device)
 
-    run_name = D.broadcast_object(ctx, cfg.run_name or _default_run_name(cfg))
+    # A group that torchelastic restarted (--max-restarts) continues its run: the same name, resumed from
+    # its latest checkpoint. The default name holds rank 0's start time, so a restarted rank 0 looks the name
+    # up by the rendezvous id that the first attempt recorded in config.yaml.
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if D.under_torchrun() else 0
+    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID") if D.under_torchrun() else None
+    name = cfg.run_name
+    if name is None and ctx.is_main and restart_count > 0 and elastic_id:
+        name = _find_elastic_run(Path(cfg.runs_dir), elastic_id)
+    run_name = D.broadcast_object(ctx, name or _default_run_name(cfg))
     run_dir = Path(cfg.runs_dir) / run_name
     latest_path, best_path = checkpoint_paths(run_dir, run_name)
     metrics_path = Path(cfg.metrics_path) if cfg.metrics_path else run_dir / "metrics.csv"
 
+    def local_failure(e: BaseException) -> BaseException:
+        """This rank's own work failed: say everything here, then tell the others at the next settle."""
+        if isinstance(e, ActorError):
+            print(f"train.py: rank {ctx.rank}: {e}", file=sys.stderr, flush=True)  # with the actor's traceback
+        elif not isinstance(e, (ConfigError, CheckpointError, NonFiniteError)):
+            print(f"train.py: rank {ctx.rank}: {type(e).__name__} during training:\n{traceback.format_exc()}",
+                  file=sys.stderr, flush=True)
+        return e
+
+    last_good: Optional[int] = None  # round of the latest checkpoint of this run known to be on disk
+
+    def settle(error: Optional[BaseException], stop_signal: int = 0) -> int:
+        """Every rank calls this at the same points of a round; RunFailed on every rank if any rank failed.
+
+        Returns the agreed stop signal (0: go on).
+        """
+        signum, failed = D.agree(ctx, stop_signal, error is not None)
+        if failed:
+            reports = [r for r in D.gather_objects(ctx, _failure_report(ctx, error) if error is not None else None) if r]
+            message = "; ".join(text for text, _ in reports)
+            if last_good is not None:
+                message += f" (kept the last good checkpoint {latest_path}, round {last_good})"
+            # Said before the clean-up, which torchrun may cut short; its SIGTERM to the ranks still running
+            # once one has exited is no stop request any more.
+            stop.finish()
+            if _is_local_main():
+                print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+            raise RunFailed(message, max(code for _, code in reports))
+        return signum
+
+    # ---- resume: rank 0 reads the checkpoint and hands it to the others (one read; nodes need not share a disk)
+    error: Optional[BaseException] = None
+    state, resume_path = None, None
+    if ctx.is_main:
+        try:
+            resume_path = _resume_path(cfg, latest_path, restart_count > 0)
+            if resume_path is not None:
+                state = load_checkpoint(resume_path)
+                _check_compatible(state, cfg, model, obs_dim, act_dim, resume_path)
+        except Exception as e:
+            error = local_failure(e)
+    settle(error)
+    if ctx.world_size > 1:
+        state, resume_path = D.broadcast_object(ctx, (state, resume_path))
+
     obs_rms: Optional[Moments] = None
     ret_rms: Optional[Moments] = None
     start_iteration, global_step, best_return = 0, 0, -math.inf
-    resume_path = _resume_path(cfg, latest_path)
-    if resume_path is not None:
-        state = load_checkpoint(resume_path)
-        _check_compatible(state, cfg, obs_dim, act_dim, resume_path)
-        model.load_state_dict(state["actor"])
-        learner.optimizer.load_state_dict(state["optimizer"])
-        learner.generator.set_state(state["generator"])
-        obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] else None
-        ret_rms = Moments.from_state(state["return_rms_state"]) if state.get("return_rms_state") else None
-        start_iteration, global_step = int(state["iteration"]), int(state["global_step"])
-        best_return = float(state["best_return"])
-
-    logger = None
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_run_config(run_dir / "config.yaml", cfg, {
-            "run_name": run_name, "world_size": ctx.world_size, "actors_per_learner": actors,
-            "steps_per_round": steps_per_round, "num_iterations": num_iterations,
-            "resumed_from": str(resume_path) if resume_path else None})
-        logger = RunLogger(run_dir, metrics_path, num_iterations * steps_per_round, resume_path is not None, global_step)
-        where = f"{ctx.world_size} learner(s) on {ctx.device.type}, {actors} actor(s) x {cfg.envs_per_actor} envs each"
-        logger.message(f"{cfg.env_id}: {num_iterations} rounds of {steps_per_round} steps, {where}; outputs in {run_dir}")
-        if resume_path is not None:
-            logger.message(f"resumed from {resume_path} at round {start_iteration}, step {global_step:,}")
-
-    debug_dir = os.environ.get(DEBUG_DIR_ENV)
     recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
-    start_time, start_step = time.time(), global_step
+    noise_states: Optional[list[torch.Tensor]] = None
+    notes: list[str] = []
+    if state is not None:
+        try:
+            noise_states = _restore(state, ctx, model, learner, actors, notes)
+            # The statistics exactly as saved: the next round merges its own increment into them once.
+            obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] else None
+            ret_rms = Moments.from_state(state["return_rms_state"]) if state.get("return_rms_state") else None
+            start_iteration, global_step = int(state["iteration"]), int(state["global_step"])
+            best_return = float(state["best_return"])
+            recent_returns.extend(float(r) for r in state.get("recent_returns", []))
+        except Exception as e:
+            error = local_failure(CheckpointError(f"checkpoint {resume_path}: cannot be restored: {type(e).__name__}: {e}"))
+        if Path(resume_path) == latest_path:
+            last_good = start_iteration
+        del state
 
-    def checkpoint(iteration: int) -> dict[str, Any]:
+    logger: Optional[RunLogger] = None
+    debug_dir = os.environ.get(DEBUG_DIR_ENV)
+    start_time, start_step = time.time(), global_step
+    saved_iteration = start_iteration  # the round the latest checkpoint holds; the same number on every rank
+
+    def rank_state() -> dict[str, Any]:
+        """What only this rank knows (its own Adam moments, RNG, actors' noise; parameters between syncs)."""
+        return {
+            "actor": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "optimizer": _to_cpu(learner.optimizer.state_dict()),
+            "generator": learner.generator.get_state(),
+            "torch_rng_state": torch.get_rng_state(),
+            "cuda_rng_state": torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None,
+            "actor_noise": noise_states,
+        }
+
+    def checkpoint(iteration: int, rank_states: Optional[list[dict[str, Any]]]) -> dict[str, Any]:
         return {
             "actor": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "obs_rms_state": obs_rms.to_state() if (cfg.normalize_obs and obs_rms) else None,
             "return_rms_state": ret_rms.to_state() if ret_rms else None,
             "optimizer": learner.optimizer.state_dict(),
             "generator": learner.generator.get_state(),
+            "torch_rng_state": torch.get_rng_state(),
+            "rank_states": rank_states,
             "iteration": iteration, "global_step": global_step, "best_return": best_return,
+            "recent_returns": list(recent_returns),
             "config": config_to_dict(cfg), "env_id": cfg.env_id, "obs_dim": obs_dim, "act_dim": act_dim,
             "world_size": ctx.world_size, "run_name": run_name,
         }
 
     pin = ctx.device.type == "cuda"
+    completed = start_iteration
     try:
-        with ActorPool(cfg, rank=ctx.rank, num_actors=actors, obs_dim=obs_dim, act_dim=act_dim, pin_memory=pin) as pool:
+        with contextlib.ExitStack() as stack:
+            if ctx.is_main and error is None:
+                try:
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    for stale in run_dir.glob(".*.tmp"):  # left by a process killed while writing; never the real files
+                        stale.unlink(missing_ok=True)
+                    write_run_config(run_dir / "config.yaml", cfg, {
+                        "run_name": run_name, "world_size": ctx.world_size, "actors_per_learner": actors,
+                        "steps_per_round": steps_per_round, "num_iterations": num_iterations,
+                        "resumed_from": str(resume_path) if resume_path else None,
+                        "torchelastic_run_id": elastic_id, "torchelastic_restart_count": restart_count})
+                    logger = RunLogger(run_dir, metrics_path, num_iterations * steps_per_round, resume_path is not None, global_step)
+                    stack.callback(logger.close)
+                except OSError as e:
+                    error = local_failure(ConfigError(f"runs_dir={cfg.runs_dir!r}: cannot write the run folder {run_dir}: "
+                                                      f"{e.strerror or e}"))
+            pool: Optional[ActorPool] = None
+            if error is None:
+                try:
+                    pool = stack.enter_context(ActorPool(cfg, rank=ctx.rank, num_actors=actors, obs_dim=obs_dim,
+                                                         act_dim=act_dim, pin_memory=pin, noise_states=noise_states))
+                except Exception as e:
+                    error = local_failure(e)
+            settle(error)
+
+            if logger is not None:
+                where = f"{ctx.world_size} learner(s) on {ctx.device.type}, {actors} actor(s) x {cfg.envs_per_actor} envs each"
+                logger.message(f"{cfg.env_id}: {num_iterations} rounds of {steps_per_round} steps, {where}; outputs in {run_dir}")
+                if resume_path is not None:
+                    logger.message(f"resumed from {resume_path} at round {start_iteration}, step {global_step:,}"
+                                   + (f" (restart {restart_count} of the torchelastic group)" if restart_count else ""))
+                elif cfg.resume == "auto":
+                    logger.message(f"no checkpoint of run {run_name} yet: starting it fresh")
+                for note in notes:
+                    logger.message(note)
+
+            stopped = 0
             for iteration in range(start_iteration + 1, num_iterations + 1):
+                # 1-3 (this rank's own work): actors sample with this rank's weights and the frozen statistics.
+                reports, batch = None, None
+                if error is None:
+                    try:
+                        t0 = time.time()
+                        reports = pool.collect(model, obs_rms if cfg.normalize_obs else None,
+                                               ret_rms if cfg.normalize_reward else None)
+                        rollout_seconds = time.time() - t0
+                        batch = RolloutBatch.from_buffers(pool.buffers, ctx.device)
+                    except Exception as e:
+                        error = local_failure(e)
+                # Stop requests and failures, agreed before the round changes any state: on a stop the fresh
+                # rollout is dropped and the checkpoint holds every completed round.
+                stopped = settle(error, stop.signum)
+                if stopped:
+                    break
+
                 if cfg.anneal_lr:
                     learner.set_learning_rate(cfg.learning_rate * (1.0 - (iteration - 1) / num_iterations))
-
-                # 1-3: actors sample with this rank's weights and the statistics frozen for the round.
-                t0 = time.time()
-                reports = pool.collect(model, obs_rms if cfg.normalize_obs else None,
-                                       ret_rms if cfg.normalize_reward else None)
-                rollout_seconds = time.time() - t0
-
                 frozen_obs_rms = obs_rms
                 # 4: this round's increments over all actors of all ranks, merged into the history once.
                 if cfg.normalize_obs:
@@ -176,12 +359,18 @@ def train(cfg: Config, ctx: D.DistContext) -> None:
                 if cfg.normalize_reward:
                     ret_rms = merge_rms_states([ret_rms, _merge_reports(ctx, reports, "return_moments", ())])
 
-                # 5: PPO on this rank's rollout, advantages normalised over all ranks.
+                # 5: PPO on this rank's rollout, advantages normalised over all ranks (the one collective of
+                # the update, taken out of it so that the update itself is this rank's own work).
+                adv_stats = D.global_mean_std(ctx, batch.advantages) if cfg.norm_adv else None
                 t0 = time.time()
-                batch = RolloutBatch.from_buffers(pool.buffers, ctx.device)
-                local_metrics = learner.train_step(batch, lambda adv: D.global_mean_std(ctx, adv))
+                try:
+                    local_metrics = learner.train_step(batch, lambda adv: adv_stats)
+                    _check_finite(model, local_metrics, ctx.rank, iteration)
+                except Exception as e:
+                    error = local_failure(e)
                 del batch  # on CPU it views the shared buffers that the next round overwrites
                 train_seconds = time.time() - t0
+                settle(error)  # a failed or non-finite update stops every rank before weights are averaged
 
                 # 6: weight averaging; between sync rounds each rank keeps its own parameters.
                 if iteration % cfg.param_sync_interval == 0:
@@ -190,12 +379,15 @@ def train(cfg: Config, ctx: D.DistContext) -> None:
                 # 7: metrics averaged over ranks; episodes of all actors of all ranks.
                 local_metrics.update({"charts/rollout_seconds": rollout_seconds, "charts/train_seconds": train_seconds})
                 if debug_dir:
-                    _debug_dump(Path(debug_dir), ctx, iteration, model, local_metrics, obs_rms, frozen_obs_rms, pool, reports)
+                    _debug_dump(Path(debug_dir), ctx, iteration, model, learner, local_metrics, obs_rms, frozen_obs_rms,
+                                pool, reports)
                 metrics = D.average_metrics(ctx, local_metrics)
                 episodes = [ep for rank_eps in D.gather_objects(ctx, [(ret, length) for r in reports
                             for ret, length in zip(r.episode_returns, r.episode_lengths)]) for ep in rank_eps]
                 recent_returns.extend(ret for ret, _ in episodes)
                 global_step += steps_per_round
+                completed = iteration
+                noise_states = [r.noise_state for r in reports]
                 metrics.update({
                     "charts/episodes": float(len(episodes)),
                     "charts/episodic_return": float(np.mean([e[0] for e in episodes])) if episodes else math.nan,
@@ -206,19 +398,83 @@ def train(cfg: Config, ctx: D.DistContext) -> None:
                 improved = bool(recent_returns) and metrics["charts/episodic_return_avg100"] > best_return
                 if improved:
                     best_return = metrics["charts/episodic_return_avg100"]
+                save_latest = iteration % cfg.save_interval == 0 or iteration == num_iterations
+                rank_states = D.gather_to_main(ctx, rank_state()) if (save_latest or improved) else None
+                if save_latest:
+                    saved_iteration = iteration
 
-                if ctx.is_main:
-                    logger.log(iteration, global_step, metrics)
-                    if improved:
-                        save_checkpoint(best_path, checkpoint(iteration))
-                    if iteration % cfg.save_interval == 0 or iteration == num_iterations:
-                        save_checkpoint(latest_path, checkpoint(iteration))
+                if ctx.is_main:  # rank 0's own work; a failure is told to the others at the next settle
+                    try:
+                        logger.log(iteration, global_step, metrics)
+                        if improved:
+                            save_checkpoint(best_path, checkpoint(iteration, rank_states))
+                        if save_latest:
+                            save_checkpoint(latest_path, checkpoint(iteration, rank_states))
+                            last_good = iteration
+                    except Exception as e:
+                        error = local_failure(e)
+
+            if stopped:
+                if completed > saved_iteration:  # the same decision on every rank: all join the gather
+                    rank_states = D.gather_to_main(ctx, rank_state())
+                    if ctx.is_main:
+                        save_checkpoint(latest_path, checkpoint(completed, rank_states))
+                        last_good = completed
+                if logger is not None:
+                    logger.message(_stop_message(stopped, completed, num_iterations, global_step,
+                                                 latest_path if last_good is not None else None, run_name))
+                stop.finish()
+                raise Stopped(stopped)
+            settle(error)  # rank 0's last save, agreed before anyone reports success
         if ctx.is_main:
-            logger.message(f"done: {global_step:,} steps in {_elapsed(start_time)}; best mean return "
-                           f"{best_return:.1f}; latest checkpoint {latest_path}")
-    finally:
-        if logger is not None:
-            logger.close()
+            print(f"done: {global_step:,} steps in {_elapsed(start_time)}; best mean return "
+                  f"{best_return:.1f}; latest checkpoint {latest_path}", flush=True)
+    except ForcedStop as e:
+        if ctx.is_main:
+            kept = f"the latest is {latest_path} (round {last_good})" if last_good is not None else "there is none"
+            print(f"\ntrain.py: quit on a second {signal_name(e.signum)} without saving; {kept}", file=sys.stderr, flush=True)
+        raise
+    except dist.DistError as e:
+        # A peer died without a word (killed, out of memory): its connection broke under a collective.
+        # Under torchrun the launcher has seen it too and stops (or restarts) the group.
+        stop.finish()
+        if _is_local_main():
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            print(f"train.py: error: rank {ctx.rank}: lost contact with another rank, which died or was stopped "
+                  f"({first})", file=sys.stderr, flush=True)
+        raise RunFailed(str(e), 1) from None
+
+
+def _stop_message(signum: int, completed: int, num_iterations: int, global_step: int, checkpoint: Optional[Path],
+                  run_name: str) -> str:
+    head = f"stopped by {signal_name(signum)} after round {completed} of {num_iterations} ({global_step:,} steps)"
+    if checkpoint is None:
+        return f"{head}; no round finished, nothing saved. Start again with: {resume_command(None)}"
+    return f"{head}; checkpoint {checkpoint}. Resume with: {resume_command(run_name)}"
+
+
+def resume_command(run_name: Optional[str], argv: Optional[list[str]] = None) -> str:
+    """The command line that continues this run: the same flags plus `--resume auto --run-name NAME`
+    (run_name None: the command as it was)."""
+    argv = list(sys.argv if argv is None else argv)
+    flags, skip = [], False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if run_name is not None and name in ("--resume", "--run-name"):
+            skip = "=" not in arg
+            continue
+        flags.append(arg)
+    tail = [argv[0], *flags] + (["--resume", "auto", "--run-name", run_name] if run_name is not None else [])
+    if not D.under_torchrun() or os.environ.get(LAUNCHER_ENV) == "python":
+        return shlex.join(["python", *tail])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world == local:
+        return shlex.join(["torchrun", "--standalone", f"--nproc_per_node={local}", *tail])
+    return f"torchrun <the same launcher options on every node> {shlex.join(tail)}"
 
 
 def _elapsed(start: float) -> str:
@@ -226,7 +482,9 @@ def _elapsed(start: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
-def _resume_path(cfg: Config, latest_path: Path) -> Optional[Path]:
+def _resume_path(cfg: Config, latest_path: Path, restarted: bool) -> Optional[Path]:
+    if restarted and latest_path.is_file():  # torchelastic restarted the group: continue where it was
+        return latest_path
     if cfg.resume is None:
         return None
     if cfg.resume == "auto":  # validate() made sure run_name is set
@@ -234,17 +492,92 @@ def _resume_path(cfg: Config, latest_path: Path) -> Optional[Path]:
     return Path(cfg.resume)
 
 
-def _check_compatible(state: dict[str, Any], cfg: Config, obs_dim: int, act_dim: int, path: Path) -> None:
+def _find_elastic_run(runs_dir: Path, run_id: str) -> Optional[str]:
+    """The run that an earlier attempt of this torchelastic group started (config.yaml records the id)."""
+    found: list[tuple[float, str]] = []
+    for path in runs_dir.glob("*/config.yaml"):
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict) and doc.get("torchelastic_run_id") == run_id and doc.get("run_name"):
+            found.append((path.stat().st_mtime, str(doc["run_name"])))
+    return max(found)[1] if found else None
+
+
+def _failure_report(ctx: D.DistContext, e: BaseException) -> tuple[str, int]:
+    """(one line for the user, exit status) of a rank's failure, small enough to gather."""
+    if isinstance(e, (ConfigError, CheckpointError)):
+        return str(e), 2
+    if isinstance(e, ActorError):
+        return e.message, 1
+    if isinstance(e, NonFiniteError):
+        return str(e), 1
+    text = str(e).strip().splitlines()
+    return f"rank {ctx.rank}: {type(e).__name__}: {text[0] if text else ''}".rstrip(": "), 1
+
+
+def _check_finite(model: torch.nn.Module, metrics: dict[str, float], rank: int, iteration: int) -> None:
+    """A NaN must not reach the weight average (it would spread to every rank) nor a checkpoint."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    if not bool(torch.isfinite(flat).all()):
+        bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        raise NonFiniteError(f"rank {rank}: non-finite parameters ({', '.join(bad)}) after the update of round {iteration}")
+    for key in ("losses/policy_loss", "losses/value_loss"):
+        if not math.isfinite(metrics[key]):
+            raise NonFiniteError(f"rank {rank}: non-finite {key} ({metrics[key]}) in the update of round {iteration}")
+
+
+def _check_compatible(state: dict[str, Any], cfg: Config, model: torch.nn.Module, obs_dim: int, act_dim: int,
+                      path: Path) -> None:
+    for key in ("optimizer", "generator", "iteration", "global_step", "best_return", "env_id"):
+        if key not in state:
+            raise ConfigError(f"resume={str(path)!r}: checkpoint has no {key!r} (a policy-only file cannot resume training)")
     if state.get("env_id") != cfg.env_id or state.get("obs_dim") != obs_dim or state.get("act_dim") != act_dim:
         raise ConfigError(f"resume={str(path)!r}: checkpoint is for {state.get('env_id')} (obs {state.get('obs_dim')}, "
                          f"act {state.get('act_dim')}), this run is {cfg.env_id} (obs {obs_dim}, act {act_dim})")
-    for key in ("optimizer", "generator", "iteration", "global_step", "best_return"):
-        if key not in state:
-            raise ConfigError(f"resume={str(path)!r}: checkpoint has no {key!r} (a policy-only file cannot resume training)")
+    saved = state.get("config") or {}
+    own = model.state_dict()
+    theirs = state["actor"]
+    shapes_differ = set(own) != set(theirs) or any(tuple(theirs[k].shape) != tuple(own[k].shape) for k in own)
+    if shapes_differ or saved.get("activation", cfg.activation) != cfg.activation:
+        raise ConfigError(f"resume={str(path)!r}: checkpoint's network is hidden_sizes {saved.get('hidden_sizes', '?')} "
+                         f"activation {saved.get('activation', '?')}, this run's is hidden_sizes {list(cfg.hidden_sizes)} "
+                         f"activation {cfg.activation}")
 
 
-def _debug_dump(out: Path, ctx: D.DistContext, iteration: int, model: torch.nn.Module, metrics: dict[str, float],
-                obs_rms: Optional[Moments], frozen_obs_rms: Optional[Moments], pool: ActorPool,
+def _restore(state: dict[str, Any], ctx: D.DistContext, model: torch.nn.Module, learner: Learner, actors: int,
+             notes: list[str]) -> Optional[list[torch.Tensor]]:
+    """Load the model, optimizer and RNG of this rank from a checkpoint; returns the actors' noise states.
+
+    A checkpoint of the same world size holds every rank's own state (rank_states); another world size
+    gives every rank rank 0's optimizer and generator, and fresh actor noise.
+    """
+    ranks = state.get("rank_states")
+    mine = ranks[ctx.rank] if ranks and len(ranks) == ctx.world_size else None
+    if mine is None and ctx.is_main and ctx.world_size > 1:
+        notes.append(f"the checkpoint was written by {state.get('world_size')} rank(s), this run has {ctx.world_size}: "
+                     f"every rank starts from rank 0's parameters and Adam moments")
+    source = mine or state
+    model.load_state_dict(source["actor"])
+    learner.optimizer.load_state_dict(source["optimizer"])
+    try:
+        learner.generator.set_state(source["generator"])
+        if mine is not None:
+            torch.set_rng_state(mine["torch_rng_state"])
+            if ctx.device.type == "cuda" and mine.get("cuda_rng_state") is not None:
+                torch.cuda.set_rng_state(mine["cuda_rng_state"], ctx.device)
+        elif state.get("torch_rng_state") is not None:
+            torch.set_rng_state(state["torch_rng_state"])
+    except RuntimeError:  # a CUDA generator's state on a CPU learner or the reverse: shapes differ
+        if ctx.is_main:
+            notes.append("the checkpoint's random generator states are of another device: reseeded from --seed")
+    noise = mine.get("actor_noise") if mine is not None else None
+    return list(noise) if noise is not None and len(noise) == actors else None
+
+
+def _debug_dump(out: Path, ctx: D.DistContext, iteration: int, model: torch.nn.Module, learner: Learner,
+                metrics: dict[str, float], obs_rms: Optional[Moments], frozen_obs_rms: Optional[Moments], pool: ActorPool,
                 reports: list[ActorReport]) -> None:
     """This rank's view of the round, for tests that compare ranks and recompute statistics from the data."""
     out.mkdir(parents=True, exist_ok=True)
@@ -255,4 +588,10 @@ def _debug_dump(out: Path, ctx: D.DistContext, iteration: int, model: torch.nn.M
         "frozen_obs_rms": frozen_obs_rms.to_state() if frozen_obs_rms else None,
         "obs": pool.buffers.obs.clone(),
         "obs_increments": [r.obs_moments.to_state() for r in reports],
+        "rank": ctx.rank, "local_rank": ctx.local_rank, "world_size": ctx.world_size,
+        "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(),
+        "actor_pids": [p for p in pool.pids if p is not None],
+        # what a checkpoint of this round must hold for this rank (resume tests compare them)
+        "optimizer": _to_cpu(learner.optimizer.state_dict()), "generator": learner.generator.get_state(),
+        "actor_noise": [r.noise_state for r in reports],
     }, out / f"rank{ctx.rank}_iter{iteration}.pt")

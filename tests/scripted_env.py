@@ -14,6 +14,10 @@ Failure variants (for supervision tests; `target_seed` picks one env of one acto
 ScriptedRaise-v0 raises at `at_step`; ScriptedNaNObs-v0 / ScriptedNaNReward-v0 return NaN there;
 ScriptedHang-v0 sleeps (practically) forever there; ScriptedSlow-v0 sleeps `delay` seconds every step.
 Steps are counted over the env's lifetime from 0, like the actor's steps of its first round.
+
+For the trainer's fault tests (tests/test_reliability.py: 1 actor x 2 envs x 32 steps a round, --seed 7):
+ScriptedRaiseRank1-v0 / ScriptedNaNRewardRank1-v0 fail in rank 1's actor 0, env 1, at step 6 of round 3
+(lifetime step 70), after the round-2 checkpoint; ScriptedHangRank0-v0 hangs there in rank 0's actor 0.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ FINAL_MARKER = 1000.0
 FAILURE_SEED = 7
 """Tests of the failure variants use Config(seed=FAILURE_SEED); the failing env is rank 0, actor 1, env 1."""
 FAILURE_TARGET = env_seed(FAILURE_SEED, 0, 1, 1)
+LATE_STEP = 70
+"""Lifetime step of the trainer tests' failures: step 6 of round 3 with 32-step rounds."""
 
 
 class ScriptedEnv(gym.Env):
@@ -107,3 +113,7 @@ _register(id="ScriptedNaNObs-v0", kwargs={"failure": "nan_obs", "at_step": 4, "t
 _register(id="ScriptedNaNReward-v0", kwargs={"failure": "nan_reward", "at_step": 4, "target_seed": FAILURE_TARGET})
 _register(id="ScriptedHang-v0", kwargs={"failure": "hang", "at_step": 3, "target_seed": FAILURE_TARGET})
 _register(id="ScriptedSlow-v0", kwargs={"delay": 0.02})
+_register(id="ScriptedRaiseRank1-v0", kwargs={"failure": "raise", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 0, 1)})
+_register(id="ScriptedNaNRewardRank1-v0",
+          kwargs={"failure": "nan_reward", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 0, 1)})
+_register(id="ScriptedHangRank0-v0", kwargs={"failure": "hang", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 0, 0, 1)})

@@ -51,6 +51,9 @@ def _worker(rank: int, port: int, results) -> None:
             out["any_one"] = D.any_rank(ctx, rank == 1)
             out["gathered"] = D.gather_objects(ctx, [rank] * (rank + 1))
             out["broadcast"] = D.broadcast_object(ctx, f"name-from-{rank}")
+            out["agree_quiet"] = D.agree(ctx, 0, False)
+            out["agree"] = D.agree(ctx, 15 if rank == 1 else 0, rank == 0)  # rank 1 got SIGTERM, rank 0 failed
+            out["gather_to_main"] = D.gather_to_main(ctx, {"rank": rank})
         results[rank] = out
     except BaseException:
         results[rank] = traceback.format_exc()
@@ -116,3 +119,11 @@ def test_metrics_are_averaged_and_flags_agreed(results):
         assert results[rank]["any_one"] is True
         assert results[rank]["gathered"] == [[0], [1, 1]]
         assert results[rank]["broadcast"] == "name-from-0"
+
+
+def test_agreement_and_gather_to_main(results):
+    for rank in range(WORLD):
+        assert results[rank]["agree_quiet"] == (0, False)
+        assert results[rank]["agree"] == (15, True)  # the same answer on every rank
+    assert results[0]["gather_to_main"] == [{"rank": 0}, {"rank": 1}]
+    assert results[1]["gather_to_main"] is None
