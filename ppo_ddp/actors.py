@@ -74,8 +74,9 @@ class ActorReport:
     return_moments: Optional[Moments]
     """Moments of this round's discounted returns G (None unless cfg.normalize_reward)."""
     steps: int
-    noise_state: Optional[torch.Tensor] = None
-    """The action-noise generator's state after the round, for checkpoints (a resumed actor continues it)."""
+    noise_state: Optional[np.ndarray] = None
+    """The action-noise generator's state after the round (uint8), for checkpoints: a resumed actor continues it.
+    numpy, not a torch tensor: torch pickles tensors through pipes as shared memory and passed fds."""
 
 
 class ActorError(RuntimeError):
@@ -124,7 +125,7 @@ class _ActorArgs:
     actor_id: int
     buffer_spec: BufferSpec
     shm_name: str
-    noise_state: Optional[torch.Tensor] = None
+    noise_state: Optional[np.ndarray] = None
 
 
 class PolicyKernel:
@@ -181,7 +182,7 @@ class Actor:
     """
 
     def __init__(self, cfg: Config, rank: int, actor_id: int, buffers: SharedBuffers,
-                 noise_state: Optional[torch.Tensor] = None) -> None:
+                 noise_state: Optional[np.ndarray] = None) -> None:
         spec = buffers.spec
         self.cfg, self.rank, self.actor_id, self.buffers = cfg, rank, actor_id, buffers
         T, E, D = cfg.rollout_length, cfg.envs_per_actor, spec.obs_dim
@@ -202,7 +203,7 @@ class Actor:
         self.kernel = PolicyKernel(self.model, cfg.activation)
         self.generator = torch.Generator().manual_seed(noise_seed(cfg.seed, rank, actor_id))
         if noise_state is not None:  # resumed from a checkpoint: continue the noise where it stopped
-            self.generator.set_state(noise_state)
+            self.generator.set_state(torch.from_numpy(np.array(noise_state, dtype=np.uint8)))
         self.discounted = DiscountedReturn(E, cfg.gamma) if cfg.normalize_reward else None
         # persistent across rounds: raw[0] holds the observation each env is in when a round starts
         self.raw = np.zeros((T + 1, E, D), dtype=np.float64)
@@ -351,7 +352,7 @@ class Actor:
             obs_moments=obs_moments,
             return_moments=return_moments,
             steps=T * E,
-            noise_state=self.generator.get_state(),
+            noise_state=self.generator.get_state().numpy(),
         )
 
 
@@ -469,8 +470,8 @@ class ActorPool:
     """
 
     def __init__(self, cfg: Config, rank: int, num_actors: int, obs_dim: int, act_dim: int, pin_memory: bool,
-                 noise_states: Optional[list[torch.Tensor]] = None) -> None:
-        """noise_states: each actor's action-noise generator state to continue from (a resumed run), or None."""
+                 noise_states: Optional[list[Any]] = None) -> None:
+        """noise_states: each actor's action-noise generator state (uint8 tensor or array) to continue from, or None."""
         self.cfg, self.rank, self.num_actors = cfg, rank, num_actors
         if noise_states is not None and len(noise_states) != num_actors:
             raise ValueError(f"{len(noise_states)} noise states for {num_actors} actors")
@@ -498,7 +499,7 @@ class ActorPool:
                     proc = ctx.Process(
                         target=_actor_main,
                         args=(child_conn, _ActorArgs(cfg, rank, a, spec, self.buffers.name,
-                                                     noise_states[a] if noise_states is not None else None)),
+                                                     np.asarray(noise_states[a], dtype=np.uint8) if noise_states is not None else None)),
                         name=f"ppo-actor-r{rank}-a{a}",
                         daemon=True,
                     )

@@ -104,6 +104,11 @@ def main(cfg: Config) -> None:
         raise SystemExit(e.exit_code) from None
     except (Stopped, ForcedStop) as e:
         raise SystemExit(exit_code(e.signum)) from None
+    except dist.DistError as e:  # a peer lost while the group was still forming (train() handles the rest)
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        print(f"train.py: error: rank {os.environ.get('RANK', '0')}: lost contact with another rank, which died or "
+              f"was stopped ({first})", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def launch_learners(num_learners: int, argv: list[str]) -> None:
@@ -260,6 +265,9 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
         if Path(resume_path) == latest_path:
             last_good = start_iteration
         del state
+        # The rounds left to reach total_timesteps: the same count as before on the same world size; with
+        # another world size a round holds another number of steps.
+        num_iterations = start_iteration + max(0, math.ceil((cfg.total_timesteps - global_step) / steps_per_round))
 
     logger: Optional[RunLogger] = None
     debug_dir = os.environ.get(DEBUG_DIR_ENV)
@@ -306,7 +314,8 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                         "steps_per_round": steps_per_round, "num_iterations": num_iterations,
                         "resumed_from": str(resume_path) if resume_path else None,
                         "torchelastic_run_id": elastic_id, "torchelastic_restart_count": restart_count})
-                    logger = RunLogger(run_dir, metrics_path, num_iterations * steps_per_round, resume_path is not None, global_step)
+                    logger = RunLogger(run_dir, metrics_path, global_step + (num_iterations - start_iteration) * steps_per_round,
+                                       resume_path is not None, global_step)
                     stack.callback(logger.close)
                 except OSError as e:
                     error = local_failure(ConfigError(f"runs_dir={cfg.runs_dir!r}: cannot write the run folder {run_dir}: "
@@ -387,7 +396,7 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                 recent_returns.extend(ret for ret, _ in episodes)
                 global_step += steps_per_round
                 completed = iteration
-                noise_states = [r.noise_state for r in reports]
+                noise_states = [torch.from_numpy(r.noise_state) for r in reports]  # tensors: checkpoints are weights_only
                 metrics.update({
                     "charts/episodes": float(len(episodes)),
                     "charts/episodic_return": float(np.mean([e[0] for e in episodes])) if episodes else math.nan,
@@ -555,9 +564,9 @@ def _restore(state: dict[str, Any], ctx: D.DistContext, model: torch.nn.Module, 
     """
     ranks = state.get("rank_states")
     mine = ranks[ctx.rank] if ranks and len(ranks) == ctx.world_size else None
-    if mine is None and ctx.is_main and ctx.world_size > 1:
+    if mine is None and ctx.is_main and state.get("world_size") != ctx.world_size:
         notes.append(f"the checkpoint was written by {state.get('world_size')} rank(s), this run has {ctx.world_size}: "
-                     f"every rank starts from rank 0's parameters and Adam moments")
+                     f"every rank starts from rank 0's parameters and Adam moments, the actors from fresh noise")
     source = mine or state
     model.load_state_dict(source["actor"])
     learner.optimizer.load_state_dict(source["optimizer"])
@@ -593,5 +602,5 @@ def _debug_dump(out: Path, ctx: D.DistContext, iteration: int, model: torch.nn.M
         "actor_pids": [p for p in pool.pids if p is not None],
         # what a checkpoint of this round must hold for this rank (resume tests compare them)
         "optimizer": _to_cpu(learner.optimizer.state_dict()), "generator": learner.generator.get_state(),
-        "actor_noise": [r.noise_state for r in reports],
+        "actor_noise": [torch.from_numpy(r.noise_state) for r in reports],
     }, out / f"rank{ctx.rank}_iter{iteration}.pt")

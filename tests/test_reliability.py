@@ -146,14 +146,14 @@ def tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
 
 
 # ------------------------------------------------------------ 1-2: a stop signal on one rank, then resume
-ROUNDS = 12
+ROUNDS = 16  # the stop lands around round 4; the margin is for a slow machine
 DETERMINISTIC = ("losses/policy_loss", "losses/value_loss", "losses/approx_kl", "losses/clipfrac", "losses/entropy",
                  "charts/learning_rate", "charts/episodic_return", "charts/episodes")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """U: 12 rounds uninterrupted. I: the same, SIGTERM to rank 1 alone after its round-3 dump. R: I's printed
+    """U: 16 rounds uninterrupted. I: the same, SIGTERM to rank 1 alone after its round-3 dump. R: I's printed
     resume command. U goes through `--resume auto` with no checkpoint yet, i.e. a fresh start."""
     tmp = tmp_path_factory.mktemp("resume")
     u = Launch(torchrun(tmp, "u", ROUNDS, "--resume", "auto"), tmp, "u", debug=tmp / "debug_u")
@@ -248,6 +248,17 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     assert f"resumed from {tmp / 'runs' / 'r' / 'model_r.pt'} at round {k}" in runs["r"].stdout
 
 
+def test_resume_on_another_world_size(runs, tmp_path):
+    """The 2-rank checkpoint on one learner: rank 0's state for everyone, said in a line, then training goes on."""
+    k = stopped_round(runs)
+    run = Launch([sys.executable, *train_args(tmp_path, "w", 0, "--total-timesteps", str(k * STEPS_PER_ROUND + 64),
+                                              "--resume", str(runs["tmp"] / "stopped.pt"))], tmp_path, "w")
+    assert run.wait() == 0, run.output()
+    assert "the checkpoint was written by 2 rank(s), this run has 1" in run.stdout, run.output()
+    state = torch.load(tmp_path / "runs" / "w" / "model_w.pt", weights_only=True)
+    assert state["global_step"] == k * STEPS_PER_ROUND + 64 and len(state["rank_states"]) == 1
+
+
 # ----------------------------------------------------------------------------------- Ctrl-C, twice
 def test_ctrl_c_to_torchrun_stops_saves_and_exits_130(tmp_path):
     # What a terminal does: SIGINT to torchrun's process group; torchrun forwards it to its workers.
@@ -297,7 +308,7 @@ def test_elastic_restart_after_sigkill_continues_from_the_last_checkpoint(tmp_pa
     assert run.wait() == 0, run.output()
     (run_dir,) = (tmp_path / "runs").iterdir()
     resumed = re.search(rf"resumed from .*model_{re.escape(run_dir.name)}\.pt at round (\d+), step \d+ \(restart 1", run.stdout)
-    assert resumed and int(resumed.group(1)) in (2, 4), run.output()  # the last save (every 2 rounds) before the kill
+    assert resumed and int(resumed.group(1)) % 2 == 0, run.output()  # the last save (every 2 rounds) before the kill
     rows = read_csv(run_dir / "metrics.csv")
     assert [int(r["iteration"]) for r in rows] == list(range(1, 9))  # rounds redone after the restart appear once
     assert tensorboard_steps(run_dir, "charts/SPS") == [STEPS_PER_ROUND * i for i in range(1, 9)]
@@ -315,7 +326,7 @@ def test_rank_killed_without_restarts_stops_every_rank(tmp_path):
     assert run.ended - killed < FAULT_BOUND, run.output()
     assert "rank 0: lost contact with another rank" in run.stderr, run.output()
     assert sorted(worker_exit_codes(run.stderr)) == [-9, 1], run.output()
-    assert torch.load(tmp_path / "runs" / "k" / "model_k.pt", weights_only=True)["iteration"] in (2, 4)
+    assert torch.load(tmp_path / "runs" / "k" / "model_k.pt", weights_only=True)["iteration"] % 2 == 0  # a save round
 
 
 FAULTS = {

@@ -25,7 +25,7 @@ from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.model import ActorCritic  # noqa: E402
 from ppo_ddp.run_log import RunLogger  # noqa: E402
 from ppo_ddp.signals import ForcedStop, StopRequests  # noqa: E402
-from ppo_ddp.trainer import _find_elastic_run, resume_command  # noqa: E402
+from ppo_ddp.trainer import NonFiniteError, _check_finite, _find_elastic_run, resume_command  # noqa: E402
 
 
 def deliver(sig: int) -> None:
@@ -136,3 +136,15 @@ def test_actors_continue_their_noise_from_a_saved_state():
         np.testing.assert_array_equal(resumed.buffers.arrays["logp"], second_logp)
     with pytest.raises(ValueError, match="1 noise states for 2 actors"):
         ActorPool(cfg, 0, 2, 3, 2, False, noise_states=[first[0].noise_state])
+
+
+def test_non_finite_update_is_an_error_naming_the_rank_and_round():
+    model = ActorCritic(3, 2)
+    finite = {"losses/policy_loss": 0.1, "losses/value_loss": 1.0}
+    _check_finite(model, finite, rank=0, iteration=1)
+    with pytest.raises(NonFiniteError, match=r"rank 1: non-finite losses/value_loss \(nan\) in the update of round 7"):
+        _check_finite(model, {**finite, "losses/value_loss": float("nan")}, rank=1, iteration=7)
+    with torch.no_grad():
+        model.critic[0].weight[0, 0] = float("inf")
+    with pytest.raises(NonFiniteError, match=r"rank 0: non-finite parameters \(critic.0.weight\) after the update of round 3"):
+        _check_finite(model, finite, rank=0, iteration=3)
