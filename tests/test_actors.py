@@ -28,6 +28,7 @@ if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can impor
     sys.path.insert(0, str(TESTS_DIR))
 
 import scripted_env  # noqa: E402
+from helpers import process_alive  # noqa: E402
 from ppo_ddp.actors import ActorError, ActorPool, PolicyKernel  # noqa: E402
 from ppo_ddp.buffers import FLAG_SENTINEL, ROLLOUT_FIELDS, BufferSpec, SharedBuffers  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
@@ -428,17 +429,10 @@ def test_actors_exit_when_learner_dies(tmp_path):
         learner.stdout.close()
     assert len(pids) == 2, stderr.read_text()
 
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
     deadline = time.monotonic() + 10
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(alive(p) for p in pids), "actors outlived their learner"
+    assert not any(process_alive(p) for p in pids), "actors outlived their learner"
 
 
 def test_ctrl_c_gives_one_traceback_and_no_orphans(tmp_path):

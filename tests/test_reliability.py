@@ -24,6 +24,7 @@ import pytest
 import torch
 import yaml
 
+from helpers import process_alive
 from test_train import SMALL, read_csv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,14 +112,6 @@ def worker_exit_codes(text: str) -> list[int]:
 
 def dump(debug: Path, rank: int, iteration: int) -> dict:
     return torch.load(debug / f"rank{rank}_iter{iteration}.pt", weights_only=True)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def assert_same_state(a, b, what: str) -> None:
@@ -295,9 +288,9 @@ def test_second_ctrl_c_quits_at_once_and_leaves_whole_files(tmp_path):
     assert torch.load(run_dir / "model_h.pt", weights_only=True)["iteration"] == 2
     assert not list(run_dir.glob(".*.tmp"))
     deadline = time.monotonic() + 10
-    while any(alive(p) for p in actors) and time.monotonic() < deadline:
+    while any(process_alive(p) for p in actors) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(alive(p) for p in actors), "actors left running"
+    assert not any(process_alive(p) for p in actors), "actors left running"
 
 
 # --------------------------------------------------------------------------- 3: elastic restart
