@@ -436,8 +436,9 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                 raise Stopped(stopped)
             settle(error)  # rank 0's last save, agreed before anyone reports success
         if ctx.is_main:
-            print(f"done: {global_step:,} steps in {_elapsed(start_time)}; best mean return "
-                  f"{best_return:.1f}; latest checkpoint {latest_path}", flush=True)
+            best = f"{best_return:.1f}" if math.isfinite(best_return) else "n/a (no episode finished)"
+            print(f"done: {global_step:,} steps in {_elapsed(start_time)}; best mean return {best}; "
+                  f"latest checkpoint {latest_path}", flush=True)
     except ForcedStop as e:
         if ctx.is_main:
             kept = f"the latest is {latest_path} (round {last_good})" if last_good is not None else "there is none"
