@@ -254,11 +254,6 @@ def broadcast_object(ctx: DistContext, obj: Any) -> Any:
     return box[0]
 
 
-def any_rank(ctx: DistContext, flag: bool) -> bool:
-    """True on every rank if flag is True on any rank: how ranks agree to stop together."""
-    return bool(all_reduce_sum(ctx, [1.0 if flag else 0.0])[0] > 0)
-
-
 @_collective
 def agree(ctx: DistContext, stop_signal: int, failed: bool) -> tuple[int, bool]:
     """The round's agreement, one all_reduce (max) every rank joins at the same point of every round.
