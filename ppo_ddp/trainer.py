@@ -285,14 +285,15 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
             "actor_noise": noise_states,
         }
 
-    def checkpoint(iteration: int, rank_states: Optional[list[dict[str, Any]]]) -> dict[str, Any]:
+    def checkpoint(iteration: int, rank_states: list[dict[str, Any]]) -> dict[str, Any]:
+        own = rank_states[0]  # rank 0's learner is the checkpoint's top level (what evaluate and Method.md read)
         return {
-            "actor": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "actor": own["actor"],
             "obs_rms_state": obs_rms.to_state() if (cfg.normalize_obs and obs_rms) else None,
             "return_rms_state": ret_rms.to_state() if ret_rms else None,
-            "optimizer": learner.optimizer.state_dict(),
-            "generator": learner.generator.get_state(),
-            "torch_rng_state": torch.get_rng_state(),
+            "optimizer": own["optimizer"],
+            "generator": own["generator"],
+            "torch_rng_state": own["torch_rng_state"],
             "rank_states": rank_states,
             "iteration": iteration, "global_step": global_step, "best_return": best_return,
             "recent_returns": list(recent_returns),
