@@ -404,6 +404,7 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                     "charts/episodic_length": float(np.mean([e[1] for e in episodes])) if episodes else math.nan,
                     "charts/episodic_return_avg100": float(np.mean(recent_returns)) if recent_returns else math.nan,
                     "charts/SPS": (global_step - start_step) / (time.time() - start_time),
+                    "charts/elapsed_seconds": time.time() - start_time,  # since this process started; benchmarks read it
                 })
                 improved = bool(recent_returns) and metrics["charts/episodic_return_avg100"] > best_return
                 if improved:

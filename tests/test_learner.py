@@ -103,3 +103,67 @@ def test_set_learning_rate():
     learner, _ = make(Config())
     learner.set_learning_rate(1e-5)
     assert all(g["lr"] == 1e-5 for g in learner.optimizer.param_groups)
+
+
+def reference_round(cfg: Config, model: ActorCritic, batch: RolloutBatch, seed: int) -> list[float]:
+    """The textbook update the learner's fast path must equal: per-tensor Adam, torch's clip_grad_norm_,
+    mini-batches indexed out of the round, per-sample entropy; returns the per-step policy losses."""
+    from torch import nn
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=False)
+    generator = torch.Generator().manual_seed(seed)
+    adv = (batch.advantages - batch.advantages.mean()) / (batch.advantages.std() + 1e-8)
+    size = len(batch) // cfg.num_minibatches
+    pg_losses = []
+    for _ in range(cfg.update_epochs):
+        permutation = torch.randperm(len(batch), generator=generator)
+        for start in range(0, len(batch), size):
+            idx = permutation[start:start + size]
+            mean = model.action_mean(batch.obs[idx])
+            std = model.actor_logstd.exp().expand_as(mean)
+            dist = torch.distributions.Normal(mean, std)
+            logp, entropy = dist.log_prob(batch.actions[idx]).sum(-1), dist.entropy().sum(-1)
+            ratio = (logp - batch.logp[idx]).exp()
+            pg = torch.max(-adv[idx] * ratio, -adv[idx] * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+            v = 0.5 * (model.value(batch.obs[idx]) - batch.returns[idx]).pow(2).mean()
+            loss = pg - cfg.ent_coef * entropy.mean() + cfg.vf_coef * v
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            pg_losses.append(pg.item())
+    return pg_losses
+
+
+def test_fast_update_equals_the_textbook_update():
+    # Flat parameters with the fused Adam, one gather per epoch, the entropy as one number: the same
+    # PPO as the plain per-tensor version, up to float rounding (an entropy bonus on, so its gradient counts).
+    cfg = Config(update_epochs=3, num_minibatches=4, clip_vloss=False, ent_coef=0.01, max_grad_norm=0.05, seed=7)
+    learner, batch = make(cfg)
+    torch.manual_seed(0)
+    reference = ActorCritic(OBS, ACT)
+    assert all(torch.equal(p, q) for p, q in zip(reference.parameters(), learner.model.parameters()))
+    expected_pg = reference_round(cfg, reference, batch, cfg.seed)
+    metrics = learner.train_step(batch, local_mean_std)
+    for p, q in zip(reference.parameters(), learner.model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
+    assert abs(metrics["losses/policy_loss"] - sum(expected_pg) / len(expected_pg)) < 1e-5
+    assert max(p.sub(q).abs().max().item() for p, q in zip(reference.parameters(), make(cfg)[0].model.parameters())) > 1e-3
+
+
+def test_parameters_and_gradients_live_in_the_flat_buffers():
+    learner, batch = make(Config(update_epochs=1, num_minibatches=2))
+    flat, grads = learner.flat_params, learner.flat_grads
+    params = list(learner.model.parameters())
+    assert flat.numel() == grads.numel() == sum(p.numel() for p in params)
+    learner.train_step(batch, local_mean_std)
+    offset = 0
+    for p in params:  # still views after backward and the optimizer step: nothing was cut loose
+        assert p.data_ptr() == flat.data_ptr() + offset * flat.element_size()
+        assert p.grad.data_ptr() == grads.data_ptr() + offset * grads.element_size()
+        assert torch.equal(p.detach().reshape(-1), flat.detach()[offset:offset + p.numel()])
+        offset += p.numel()
+    # loading a state dict writes through to the buffer the optimizer steps
+    state = {k: torch.zeros_like(v) for k, v in learner.model.state_dict().items()}
+    learner.model.load_state_dict(state)
+    assert flat.abs().sum().item() == 0.0

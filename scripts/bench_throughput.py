@@ -1,0 +1,329 @@
+"""End-to-end training throughput of ppo_ddp against Stable-Baselines3 PPO, side by side in one run.
+
+    pip install -r requirements-bench.txt   # stable-baselines3, matplotlib
+    python scripts/bench_throughput.py                 # the comparison; last line `ratio <best ppo_ddp / SB3>`
+    python scripts/bench_throughput.py --sweep         # plus the scaling table (actors x envs, world 1 and 2)
+    python scripts/bench_throughput.py --memory-rounds 200   # the learner-RSS growth check only
+
+Every trainer does the same algorithmic work on HalfCheetah-v5: 2048 env steps per update in total, 10
+epochs of mini-batches of 64, a 64-64 tanh actor and critic, observation and reward normalisation. Each
+trainer is its own process tree, run one after the other:
+
+- SB3 PPO (n_steps 256 x 8 envs, batch_size 64, n_epochs 10, VecNormalize) with DummyVecEnv and with
+  SubprocVecEnv, at torch's default thread count, and DummyVecEnv once more with torch.set_num_threads(1)
+  (on a small MLP the second thread can cost more than it gives); the fastest of these is the baseline.
+- `python train.py` (one learner) for each actors_per_gpu x envs_per_actor shape in --one-learner-shapes.
+- `torchrun --standalone --nproc_per_node=2 train.py`, 1024 samples per rank per round, for each shape in
+  --two-learner-shapes.
+
+SPS is env steps over wall seconds of the timed window: the first --warmup-rounds updates (process and
+env start-up, first allocations) are excluded, then --steps steps are timed, update included. ppo_ddp's
+window is read from its metrics.csv (charts/elapsed_seconds at the end of each round); SB3's from a
+callback at the start of each rollout and at the end of training. Peak RSS (VmHWM) of every process of
+each tree is sampled from /proc while it runs; the table shows the largest per role.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV_ID = "HalfCheetah-v5"
+SAMPLES_PER_UPDATE = 2048
+MINIBATCH = 64
+EPOCHS = 10
+
+
+# ---------------------------------------------------------------------------------------------- process trees
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _role(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+    if "resource_tracker" in cmd:
+        return "resource tracker"
+    if "forkserver" in cmd or "spawn_main" in cmd or "multiprocessing" in cmd:
+        return "worker"  # ppo_ddp actors, SB3 SubprocVecEnv workers (and the forkserver itself)
+    if "torchrun" in cmd or "torch.distributed.run" in cmd:
+        return "torchrun agent"
+    return "main"  # a learner, or SB3's trainer
+
+
+@dataclass
+class TreeMonitor:
+    """Samples VmHWM (peak RSS) of every process under root_pid until stopped."""
+
+    root_pid: int
+    period: float = 0.25
+    peaks: dict[int, tuple[str, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            stack = [self.root_pid]
+            while stack:
+                pid = stack.pop()
+                stack += _children(pid)
+                rss = _peak_rss_mb(pid)
+                if rss is not None:
+                    role = self.peaks.get(pid, (None, 0.0))[0] or _role(pid)
+                    self.peaks[pid] = (role, max(rss, self.peaks.get(pid, ("", 0.0))[1]))
+            self._stop.wait(self.period)
+
+    def stop(self) -> dict[str, float]:
+        """Largest peak RSS in MB per role."""
+        self._stop.set()
+        self._thread.join()
+        by_role: dict[str, float] = {}
+        for role, rss in self.peaks.values():
+            by_role[role] = max(rss, by_role.get(role, 0.0))
+        return by_role
+
+
+def run_tree(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> tuple[dict[str, float], float]:
+    """Run cmd to completion, sampling peak RSS of its process tree; (peaks by role, wall seconds)."""
+    out = open(log, "w") if log else subprocess.DEVNULL
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+    monitor = TreeMonitor(proc.pid)
+    rc = proc.wait()
+    peaks = monitor.stop()
+    if log:
+        out.close()
+    if rc != 0:
+        tail = log.read_text()[-2000:] if log else ""
+        raise SystemExit(f"bench_throughput.py: {' '.join(cmd[:4])} ... exited {rc}\n{tail}")
+    return peaks, time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------- the trainers
+
+@dataclass
+class Result:
+    name: str
+    sps: float
+    seconds: float  # of the timed window
+    total_wall: float  # of the whole process tree, start-up included
+    peaks: dict[str, float]
+
+
+def sb3_worker(vec: str, threads: int, total: int, warmup_rounds: int, seed: int) -> None:
+    """Runs inside its own process: train SB3 PPO and print {"steps", "seconds"} of the timed window as JSON."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+
+    if threads:
+        torch.set_num_threads(threads)
+
+    class Marks(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.marks: list[tuple[int, float]] = []
+
+        def _on_rollout_start(self) -> None:
+            self.marks.append((self.num_timesteps, time.perf_counter()))
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_training_end(self) -> None:
+            self.marks.append((self.num_timesteps, time.perf_counter()))
+
+    n_envs = 8
+    env = make_vec_env(ENV_ID, n_envs=n_envs, seed=seed, vec_env_cls=DummyVecEnv if vec == "dummy" else SubprocVecEnv)
+    env = VecNormalize(env, norm_obs=True, norm_reward=True, gamma=0.99)
+    # SB3's MlpPolicy for PPO is a 64-64 tanh actor and a separate 64-64 tanh critic, as ours.
+    model = PPO("MlpPolicy", env, n_steps=SAMPLES_PER_UPDATE // n_envs, batch_size=MINIBATCH, n_epochs=EPOCHS,
+                learning_rate=3e-4, gamma=0.99, gae_lambda=0.95, clip_range=0.2, ent_coef=0.0, vf_coef=0.5,
+                max_grad_norm=0.5, device="cpu", seed=seed, verbose=0)
+    marks = Marks()
+    model.learn(total_timesteps=total, callback=marks)
+    env.close()
+    (s0, t0), (s1, t1) = marks.marks[warmup_rounds], marks.marks[-1]
+    print(json.dumps({"steps": s1 - s0, "seconds": t1 - t0, "threads": torch.get_num_threads()}))
+
+
+def run_sb3(vec: str, threads: int, args: argparse.Namespace, work: Path) -> Result:
+    total = (args.warmup_rounds + args.steps // SAMPLES_PER_UPDATE) * SAMPLES_PER_UPDATE
+    log = work / f"sb3_{vec}_{threads}.log"
+    peaks, wall = run_tree([sys.executable, __file__, "--sb3-worker", vec, str(threads), str(total),
+                            str(args.warmup_rounds), str(args.seed)], log=log)
+    out = json.loads(log.read_text().strip().splitlines()[-1])
+    name = f"SB3 PPO, {'DummyVecEnv' if vec == 'dummy' else 'SubprocVecEnv'} x 8, torch threads {out['threads']}"
+    return Result(name, out["steps"] / out["seconds"], out["seconds"], wall, peaks)
+
+
+def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, work: Path, rounds: int | None = None,
+                label: str = "") -> Result:
+    per_rank = SAMPLES_PER_UPDATE // world
+    rollout_length = per_rank // (actors * envs)
+    if rollout_length * actors * envs != per_rank:
+        raise SystemExit(f"bench_throughput.py: shape {actors}x{envs} does not divide {per_rank} samples per rank")
+    rounds = rounds or args.warmup_rounds + args.steps // SAMPLES_PER_UPDATE
+    name = f"w{world}_a{actors}_e{envs}{label}"
+    flags = ["--env-id", ENV_ID, "--seed", str(args.seed), "--total-timesteps", str(rounds * SAMPLES_PER_UPDATE),
+             "--actors-per-gpu", str(actors), "--envs-per-actor", str(envs), "--rollout-length", str(rollout_length),
+             "--num-minibatches", str(per_rank // MINIBATCH), "--update-epochs", str(EPOCHS),
+             "--hidden-sizes", "64", "64", "--activation", "tanh", "--normalize-obs", "--normalize-reward",
+             "--runs-dir", str(work), "--run-name", name]
+    launcher = [sys.executable] if world == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+    peaks, wall = run_tree([*launcher, "train.py", *flags], log=work / f"{name}.log")
+    with open(work / name / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    first, last = rows[args.warmup_rounds - 1], rows[-1]
+    steps = int(last["global_step"]) - int(first["global_step"])
+    seconds = float(last["charts/elapsed_seconds"]) - float(first["charts/elapsed_seconds"])
+    if world == 1:
+        title = f"ppo_ddp, python train.py, {actors} actors x {envs} envs x {rollout_length} steps"
+    else:
+        title = f"ppo_ddp, torchrun {world} ranks, each {actors} actors x {envs} envs x {rollout_length} steps"
+    return Result(title, steps / seconds, seconds, wall, peaks)
+
+
+def learner_rss_growth(args: argparse.Namespace, work: Path) -> None:
+    """A --memory-rounds run of one learner; its RSS (sampled each round from /proc) after round 20 vs the end."""
+    rounds = args.memory_rounds
+    name = "memory"
+    flags = ["--env-id", ENV_ID, "--seed", str(args.seed), "--total-timesteps", str(rounds * SAMPLES_PER_UPDATE),
+             "--runs-dir", str(work), "--run-name", name]
+    log = work / f"{name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        metrics = work / name / "metrics.csv"
+        samples: dict[int, float] = {}  # round -> learner RSS in MB, read when the round's row appears
+        while proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    rss = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+                with open(metrics) as f:
+                    done = sum(1 for _ in f) - 1
+            except (OSError, StopIteration):
+                time.sleep(0.05)
+                continue
+            if done > 0 and done not in samples:
+                samples[done] = rss
+            time.sleep(0.02)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_throughput.py: the memory run exited {proc.returncode}; see {log}")
+    at20 = samples[min(r for r in samples if r >= 20)]
+    end = samples[max(samples)]
+    peak_after = max(v for r, v in samples.items() if r >= 20)
+    print(f"learner RSS over {rounds} rounds ({len(samples)} samples): round 20 {at20:.1f} MB, last round "
+          f"{end:.1f} MB, largest after round 20 {peak_after:.1f} MB; growth after round 20 "
+          f"{100 * (peak_after - at20) / at20:+.2f}% (limit +5%)")
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+def parse_shape(text: str) -> tuple[int, int]:
+    actors, envs = text.lower().split("x")
+    return int(actors), int(envs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--sb3-worker"]:
+        vec, threads, total, warmup, seed = argv[1:6]
+        sb3_worker(vec, int(threads), int(total), int(warmup), int(seed))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=65536, help="env steps in the timed window of each trainer")
+    parser.add_argument("--warmup-rounds", type=int, default=3, help="updates before the timed window")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--one-learner-shapes", type=parse_shape, nargs="+", default=[(2, 8), (2, 4), (1, 16)],
+                        help="actors_per_gpu x envs_per_actor for python train.py, e.g. 2x8")
+    parser.add_argument("--two-learner-shapes", type=parse_shape, nargs="+", default=[(2, 8), (1, 8), (2, 4)],
+                        help="actors_per_gpu x envs_per_actor per rank for torchrun with 2 ranks")
+    parser.add_argument("--skip-sb3", action="store_true", help="ppo_ddp only (no ratio)")
+    parser.add_argument("--sweep", action="store_true", help="also the scaling table: more shapes, world 1 and 2")
+    parser.add_argument("--memory-rounds", type=int, default=0,
+                        help="only the memory check: one learner for this many rounds, RSS growth after round 20")
+    parser.add_argument("--work-dir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
+    args = parser.parse_args(argv)
+
+    import torch  # noqa: F401  (the version for the header; the trainers run in their own processes)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_throughput_"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"# {ENV_ID}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; torch {torch.__version__}; "
+          f"{SAMPLES_PER_UPDATE} samples an update, mini-batches of {MINIBATCH}, {EPOCHS} epochs; "
+          f"timed window {args.steps:,} steps after {args.warmup_rounds} warm-up updates; logs in {work}", flush=True)
+    if args.memory_rounds:
+        learner_rss_growth(args, work)
+        return
+
+    def show(r: Result) -> None:
+        rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r.peaks.items()))
+        print(f"{r.name:<70} {r.sps:>8,.0f} {r.seconds:>8.1f} {r.total_wall:>8.1f}   {rss}", flush=True)
+
+    print(f"{'trainer':<70} {'SPS':>8} {'timed s':>8} {'wall s':>8}   peak RSS MB by process role", flush=True)
+    sb3: list[Result] = []
+    if not args.skip_sb3:
+        for vec, threads in (("dummy", 0), ("subproc", 0), ("dummy", 1)):
+            sb3.append(run_sb3(vec, threads, args, work))
+            show(sb3[-1])
+    ones, twos = list(args.one_learner_shapes), list(args.two_learner_shapes)
+    if args.sweep:
+        ones += [s for s in [(1, 8), (1, 16), (2, 4), (2, 8), (2, 16), (4, 4), (4, 8)] if s not in ones]
+        twos += [s for s in [(1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4)] if s not in twos]
+    one = [run_ppo_ddp(1, a, e, args, work) for a, e in ones]
+    for r in one:
+        show(r)
+    two = []
+    for a, e in twos:
+        two.append(run_ppo_ddp(2, a, e, args, work))
+        show(two[-1])
+
+    best1, best2 = max(one, key=lambda r: r.sps), max(two, key=lambda r: r.sps) if two else None
+    print(f"best one learner: {best1.name}: {best1.sps:,.0f} SPS")
+    if best2:
+        print(f"best two learners: {best2.name}: {best2.sps:,.0f} SPS")
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    if sb3:
+        base = max(sb3, key=lambda r: r.sps)
+        print(f"baseline: {base.name}: {base.sps:,.0f} SPS")
+        print(f"ratio one learner {best1.sps / base.sps:.2f}" + (f", two learners {best2.sps / base.sps:.2f}" if best2 else ""))
+        best = max([best1] + ([best2] if best2 else []), key=lambda r: r.sps)
+        print(f"ratio {best.sps / base.sps:.2f}")
+
+
+if __name__ == "__main__":
+    main()
