@@ -144,10 +144,12 @@ def checkpoint_paths(run_dir: Path, run_name: str) -> tuple[Path, Path]:
     return run_dir / f"model_{run_name}.pt", run_dir / f"model_{run_name}_best.pt"
 
 
-def _merge_reports(ctx: D.DistContext, reports: list[ActorReport], field: str, shape: tuple[int, ...]) -> Optional[Moments]:
-    """This round's increment over all actors of all ranks: actors → rank → world, each data set once."""
-    local = merge_rms_states(getattr(r, field) for r in reports)
-    return D.merge_moments_across_ranks(ctx, local, shape)
+def _tensor_moments(x: torch.Tensor) -> Moments:
+    """Moments of a 1-D tensor in float64, on its device; unlike compute_batch_moments, no finiteness check:
+    non-finite advantages are caught as a non-finite update, with the round and rank in the message."""
+    x64 = x.detach().double()
+    mean, var = torch.stack([x64.mean(), x64.var(unbiased=False)]).tolist()
+    return Moments(np.array(mean), np.array(var), float(x.numel()))
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -363,15 +365,23 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                 if cfg.anneal_lr:
                     learner.set_learning_rate(cfg.learning_rate * (1.0 - (iteration - 1) / num_iterations))
                 frozen_obs_rms = obs_rms
-                # 4: this round's increments over all actors of all ranks, merged into the history once.
+                # 4: this round's increments over all actors of all ranks, merged into the history once, and the
+                # moments of all ranks' advantages (for their normalisation in step 5): one collective.
+                obs_inc, ret_inc, adv_moments = D.merge_moments_across_ranks(ctx, [
+                    merge_rms_states(r.obs_moments for r in reports) if cfg.normalize_obs else None,
+                    merge_rms_states(r.return_moments for r in reports) if cfg.normalize_reward else None,
+                    _tensor_moments(batch.advantages) if cfg.norm_adv else None,
+                ], [obs_shape, (), ()])
                 if cfg.normalize_obs:
-                    obs_rms = merge_rms_states([obs_rms, _merge_reports(ctx, reports, "obs_moments", obs_shape)])
+                    obs_rms = merge_rms_states([obs_rms, obs_inc])
                 if cfg.normalize_reward:
-                    ret_rms = merge_rms_states([ret_rms, _merge_reports(ctx, reports, "return_moments", ())])
-
-                # 5: PPO on this rank's rollout, advantages normalised over all ranks (the one collective of
-                # the update, taken out of it so that the update itself is this rank's own work).
-                adv_stats = D.global_mean_std(ctx, batch.advantages) if cfg.norm_adv else None
+                    ret_rms = merge_rms_states([ret_rms, ret_inc])
+                # 5: PPO on this rank's rollout; the advantages normalised with the mean and the (unbiased) std
+                # over all ranks, so the update itself is this rank's own work.
+                adv_stats = None
+                if adv_moments is not None:
+                    n = adv_moments.count
+                    adv_stats = float(adv_moments.mean), math.sqrt(float(adv_moments.var) * n / max(n - 1, 1))
                 t0 = time.time()
                 try:
                     local_metrics = learner.train_step(batch, lambda adv: adv_stats)
@@ -390,10 +400,9 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                 local_metrics.update({"charts/rollout_seconds": rollout_seconds, "charts/train_seconds": train_seconds})
                 if debug_dir:
                     _debug_dump(Path(debug_dir), ctx, iteration, model, learner, local_metrics, obs_rms, frozen_obs_rms,
-                                pool, reports)
-                metrics = D.average_metrics(ctx, local_metrics)
-                episodes = [ep for rank_eps in D.gather_objects(ctx, [(ret, length) for r in reports
-                            for ret, length in zip(r.episode_returns, r.episode_lengths)]) for ep in rank_eps]
+                                adv_stats, pool, reports)
+                metrics, episodes = D.average_metrics(ctx, local_metrics, [
+                    (ret, length) for r in reports for ret, length in zip(r.episode_returns, r.episode_lengths)])
                 recent_returns.extend(ret for ret, _ in episodes)
                 global_step += steps_per_round
                 completed = iteration
@@ -589,8 +598,8 @@ def _restore(state: dict[str, Any], ctx: D.DistContext, model: torch.nn.Module, 
 
 
 def _debug_dump(out: Path, ctx: D.DistContext, iteration: int, model: torch.nn.Module, learner: Learner,
-                metrics: dict[str, float], obs_rms: Optional[Moments], frozen_obs_rms: Optional[Moments], pool: ActorPool,
-                reports: list[ActorReport]) -> None:
+                metrics: dict[str, float], obs_rms: Optional[Moments], frozen_obs_rms: Optional[Moments],
+                adv_stats: Optional[tuple[float, float]], pool: ActorPool, reports: list[ActorReport]) -> None:
     """This rank's view of the round, for tests that compare ranks and recompute statistics from the data."""
     out.mkdir(parents=True, exist_ok=True)
     torch.save({
@@ -599,6 +608,7 @@ def _debug_dump(out: Path, ctx: D.DistContext, iteration: int, model: torch.nn.M
         "obs_rms": obs_rms.to_state() if obs_rms else None,
         "frozen_obs_rms": frozen_obs_rms.to_state() if frozen_obs_rms else None,
         "obs": pool.buffers.obs.clone(),
+        "advantages": pool.buffers.advantages.clone(), "adv_stats": adv_stats,
         "obs_increments": [r.obs_moments.to_state() for r in reports],
         "rank": ctx.rank, "local_rank": ctx.local_rank, "world_size": ctx.world_size,
         "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(),

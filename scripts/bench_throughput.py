@@ -100,9 +100,8 @@ class TreeMonitor:
                 pid = stack.pop()
                 stack += _children(pid)
                 rss = _peak_rss_mb(pid)
-                if rss is not None:
-                    role = self.peaks.get(pid, (None, 0.0))[0] or _role(pid)
-                    self.peaks[pid] = (role, max(rss, self.peaks.get(pid, ("", 0.0))[1]))
+                if rss is not None:  # the role is read each time: a child's first sample may predate its exec
+                    self.peaks[pid] = (_role(pid), max(rss, self.peaks.get(pid, ("", 0.0))[1]))
             self._stop.wait(self.period)
 
     def stop(self) -> dict[str, float]:
@@ -269,9 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=65536, help="env steps in the timed window of each trainer")
     parser.add_argument("--warmup-rounds", type=int, default=3, help="updates before the timed window")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--one-learner-shapes", type=parse_shape, nargs="+", default=[(2, 8), (2, 4), (1, 16)],
+    parser.add_argument("--one-learner-shapes", type=parse_shape, nargs="+", default=[(2, 8), (2, 16), (1, 16)],
                         help="actors_per_gpu x envs_per_actor for python train.py, e.g. 2x8")
-    parser.add_argument("--two-learner-shapes", type=parse_shape, nargs="+", default=[(2, 8), (1, 8), (2, 4)],
+    parser.add_argument("--two-learner-shapes", type=parse_shape, nargs="+", default=[(1, 16), (1, 8), (2, 8)],
                         help="actors_per_gpu x envs_per_actor per rank for torchrun with 2 ranks")
     parser.add_argument("--skip-sb3", action="store_true", help="ppo_ddp only (no ratio)")
     parser.add_argument("--sweep", action="store_true", help="also the scaling table: more shapes, world 1 and 2")

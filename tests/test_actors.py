@@ -8,7 +8,6 @@ shared-memory segment behind, after errors too.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
 import signal

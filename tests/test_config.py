@@ -11,7 +11,6 @@ import ast
 import dataclasses
 import inspect
 import re
-from pathlib import Path
 
 import pytest
 

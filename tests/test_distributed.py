@@ -41,12 +41,14 @@ def _worker(rank: int, port: int, results) -> None:
             rng = np.random.default_rng(rank)
             data = rng.normal(rank, 1 + rank, size=(7 + 13 * rank, 3))
             out["data"] = data
-            merged = D.merge_moments_across_ranks(ctx, compute_batch_moments(data), (3,))
+            # three sets in one collective: [N, 3] rows, a scalar column, and a set rank 0 does not have
+            merged, column, partial = D.merge_moments_across_ranks(
+                ctx, [compute_batch_moments(data), compute_batch_moments(data[:, 0]),
+                      None if rank == 0 else compute_batch_moments(data)], [(3,), (), (3,)])
             out["merged"] = (merged.mean, merged.var, merged.count)
-            out["none_merge"] = D.merge_moments_across_ranks(ctx, None if rank == 0 else compute_batch_moments(data), (3,)).count
-            adv = torch.as_tensor(data[:, 0], dtype=torch.float32)
-            out["mean_std"] = D.global_mean_std(ctx, adv)
-            out["metrics"] = D.average_metrics(ctx, {"a": float(rank), "b": 10.0 * rank + 1})
+            out["column"] = (column.mean, column.var, column.count)
+            out["none_merge"] = partial.count
+            out["metrics"] = D.average_metrics(ctx, {"a": float(rank), "b": 10.0 * rank + 1}, [(rank, 7)] * (rank + 1))
             out["gathered"] = D.gather_objects(ctx, [rank] * (rank + 1))
             out["broadcast"] = D.broadcast_object(ctx, f"name-from-{rank}")
             out["agree_quiet"] = D.agree(ctx, 0, False)
@@ -102,17 +104,18 @@ def test_moments_merged_across_ranks_equal_moments_of_all_data(results):
     assert results[0]["none_merge"] == results[1]["none_merge"] == len(results[1]["data"])
 
 
-def test_global_mean_std_over_all_ranks(results):
-    column = np.concatenate([results[0]["data"][:, 0], results[1]["data"][:, 0]]).astype(np.float32)
+def test_several_moment_sets_share_one_gather(results):
+    column = np.concatenate([results[0]["data"][:, 0], results[1]["data"][:, 0]])
     for rank in range(WORLD):
-        mean, std = results[rank]["mean_std"]
-        assert mean == pytest.approx(column.astype(np.float64).mean(), rel=1e-6)
-        assert std == pytest.approx(column.astype(np.float64).std(ddof=1), rel=1e-6)
+        mean, var, count = results[rank]["column"]
+        assert count == len(column) and np.shape(mean) == np.shape(var) == ()
+        assert mean == pytest.approx(column.mean(), rel=1e-12)
+        assert var == pytest.approx(column.var(), rel=1e-12)
 
 
 def test_metrics_are_averaged_gathered_and_broadcast(results):
     for rank in range(WORLD):
-        assert results[rank]["metrics"] == {"a": 0.5, "b": 6.0}
+        assert results[rank]["metrics"] == ({"a": 0.5, "b": 6.0}, [(0, 7), (1, 7), (1, 7)])  # episodes in rank order
         assert results[rank]["gathered"] == [[0], [1, 1]]
         assert results[rank]["broadcast"] == "name-from-0"
 

@@ -7,7 +7,6 @@ of CI. Ranks dump their view of each round (PPO_DDP_DEBUG_DIR), which holds thei
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import shlex
@@ -185,7 +184,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_round(runs):
     # the checkpoint holds the last completed round; the resume hint keeps every flag of the run
     state = runs["stopped"]
     assert state["iteration"] == k and state["global_step"] == k * STEPS_PER_ROUND
-    assert f"--resume auto --run-name r" in runs["line"] and "--save-interval 2" in runs["line"]
+    assert "--resume auto --run-name r" in runs["line"] and "--save-interval 2" in runs["line"]
     for rank in (0, 1):  # both ranks trained exactly k rounds
         assert (runs["tmp"] / "debug_i" / f"rank{rank}_iter{k}.pt").exists()
         assert not (runs["tmp"] / "debug_i" / f"rank{rank}_iter{k + 1}.pt").exists()

@@ -130,6 +130,16 @@ def test_observation_statistics_are_global_and_identical(two_rank_run):
         np.testing.assert_allclose(a["obs_rms"]["var"].numpy(), everything.var(0), rtol=1e-3, atol=1e-5)
 
 
+def test_advantages_are_normalised_with_statistics_of_all_ranks(two_rank_run):
+    tmp_path, _ = two_rank_run
+    for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1)):
+        both = torch.cat([a["advantages"].reshape(-1), b["advantages"].reshape(-1)]).double()
+        assert a["adv_stats"] == b["adv_stats"]
+        mean, std = a["adv_stats"]
+        assert mean == pytest.approx(both.mean().item(), rel=1e-9, abs=1e-12)
+        assert std == pytest.approx(both.std().item(), rel=1e-9)  # unbiased, as torch's default
+
+
 def test_param_sync_interval_three(tmp_path):
     torchrun(tmp_path, "--param-sync-interval", "3")
     same = [torch.equal(a["params"], b["params"]) for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1))]
