@@ -114,19 +114,17 @@ class TreeMonitor:
         return by_role
 
 
-def run_tree(cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> tuple[dict[str, float], float]:
+def run_tree(cmd: list[str], log: Path, cwd: Path = ROOT) -> tuple[dict[str, float], float]:
     """Run cmd to completion, sampling peak RSS of its process tree; (peaks by role, wall seconds)."""
-    out = open(log, "w") if log else subprocess.DEVNULL
+    out = open(log, "w")
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     monitor = TreeMonitor(proc.pid)
     rc = proc.wait()
     peaks = monitor.stop()
-    if log:
-        out.close()
+    out.close()
     if rc != 0:
-        tail = log.read_text()[-2000:] if log else ""
-        raise SystemExit(f"bench_throughput.py: {' '.join(cmd[:4])} ... exited {rc}\n{tail}")
+        raise SystemExit(f"bench_throughput.py: {' '.join(cmd[:4])} ... exited {rc}\n{log.read_text()[-2000:]}")
     return peaks, time.perf_counter() - start
 
 
@@ -205,7 +203,7 @@ def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, wo
              "--runs-dir", str(work), "--run-name", name]
     launcher = [sys.executable] if world == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
-    peaks, wall = run_tree([*launcher, "train.py", *flags], log=work / f"{name}.log")
+    peaks, wall = run_tree([*launcher, "train.py", *flags], log=work / f"{name}.log", cwd=args.trainer_root)
     with open(work / name / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     first, last = rows[args.warmup_rounds - 1], rows[-1]
@@ -258,6 +256,13 @@ def parse_shape(text: str) -> tuple[int, int]:
     return int(actors), int(envs)
 
 
+def parse_sb3(text: str) -> tuple[str, int]:
+    vec, threads = text.split(":")
+    if vec not in ("dummy", "subproc"):
+        raise argparse.ArgumentTypeError(f"{text!r}: VEC must be dummy or subproc")
+    return vec, int(threads)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--sb3-worker"]:
@@ -272,10 +277,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="actors_per_gpu x envs_per_actor for python train.py, e.g. 2x8")
     parser.add_argument("--two-learner-shapes", type=parse_shape, nargs="+", default=[(1, 16), (1, 8), (2, 8)],
                         help="actors_per_gpu x envs_per_actor per rank for torchrun with 2 ranks")
+    parser.add_argument("--sb3", type=parse_sb3, nargs="+", default=[("dummy", 0), ("subproc", 0), ("dummy", 1)],
+                        help="SB3 variants VEC:THREADS, VEC dummy or subproc, THREADS 0 for torch's default")
     parser.add_argument("--skip-sb3", action="store_true", help="ppo_ddp only (no ratio)")
     parser.add_argument("--sweep", action="store_true", help="also the scaling table: more shapes, world 1 and 2")
     parser.add_argument("--memory-rounds", type=int, default=0,
                         help="only the memory check: one learner for this many rounds, RSS growth after round 20")
+    parser.add_argument("--trainer-root", type=Path, default=ROOT,
+                        help="the checkout whose train.py runs (e.g. an older commit's worktree, for before/after)")
     parser.add_argument("--work-dir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
     args = parser.parse_args(argv)
 
@@ -296,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'trainer':<70} {'SPS':>8} {'timed s':>8} {'wall s':>8}   peak RSS MB by process role", flush=True)
     sb3: list[Result] = []
     if not args.skip_sb3:
-        for vec, threads in (("dummy", 0), ("subproc", 0), ("dummy", 1)):
+        for vec, threads in args.sb3:
             sb3.append(run_sb3(vec, threads, args, work))
             show(sb3[-1])
     ones, twos = list(args.one_learner_shapes), list(args.two_learner_shapes)

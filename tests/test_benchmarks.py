@@ -1,4 +1,4 @@
-"""Issue 5's tooling: every preset is a valid Config, and the returns benchmark runs end to end."""
+"""The benchmark tooling: every preset is a valid Config; the returns and throughput benchmarks run end to end."""
 
 from __future__ import annotations
 
@@ -47,3 +47,32 @@ def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
     assert "| Hopper-v5 |" in table and "(2) at 128 steps" in table
     png = (tmp_path / "out" / "returns.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 5000
+
+
+def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
+    # Two timed updates of each trainer: SB3 (one variant), one learner, torchrun with 2 ranks; then the
+    # memory check on a short run. Checks the plumbing and the numbers' consistency, not the speed.
+    cmd = [sys.executable, "scripts/bench_throughput.py", "--steps", "4096", "--warmup-rounds", "1",
+           "--sb3", "dummy:1", "--one-learner-shapes", "2x8", "--two-learner-shapes", "1x8",
+           "--work-dir", str(tmp_path / "work")]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    rows = {line[:70].strip(): line[70:].split() for line in lines if line.startswith(("SB3 PPO", "ppo_ddp,"))}
+    assert len(rows) == 3, proc.stdout
+    for name, cols in rows.items():
+        sps, timed = float(cols[0].replace(",", "")), float(cols[1])
+        assert sps > 0 and 0 < timed < float(cols[2])  # the timed window is inside the tree's wall time
+        assert "main" in " ".join(cols[3:])  # a peak RSS for the trainer's main process
+    torchrun_row = next(cols for name, cols in rows.items() if "torchrun" in name)
+    assert "worker" in " ".join(torchrun_row)  # the actors' peak RSS too
+    sps = [(name.startswith("ppo_ddp"), float(cols[0].replace(",", ""))) for name, cols in rows.items()]
+    expected = max(v for ours, v in sps if ours) / max(v for ours, v in sps if not ours)
+    assert lines[-1].startswith("ratio ") and float(lines[-1].split()[1]) == pytest.approx(expected, abs=0.006)
+
+    mem = subprocess.run([sys.executable, "scripts/bench_throughput.py", "--memory-rounds", "22",
+                          "--work-dir", str(tmp_path / "mem")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert mem.returncode == 0, mem.stdout[-3000:] + mem.stderr[-3000:]
+    assert "growth after round 20" in mem.stdout and "limit +5%" in mem.stdout
