@@ -565,6 +565,11 @@ def _check_compatible(state: dict[str, Any], cfg: Config, model: torch.nn.Module
         raise ConfigError(f"resume={str(path)!r}: checkpoint's network is hidden_sizes {saved.get('hidden_sizes', '?')} "
                          f"activation {saved.get('activation', '?')}, this run's is hidden_sizes {list(cfg.hidden_sizes)} "
                          f"activation {cfg.activation}")
+    tensors = [len(group.get("params", ())) for group in state["optimizer"].get("param_groups", [])]
+    if tensors != [1]:
+        raise ConfigError(f"resume={str(path)!r}: checkpoint's optimizer state has {sum(tensors)} parameter tensors, this "
+                          f"learner steps one flat tensor (a checkpoint of an earlier ppo_ddp): it can be evaluated but "
+                          f"not resumed")
 
 
 def _restore(state: dict[str, Any], ctx: D.DistContext, model: torch.nn.Module, learner: Learner, actors: int,

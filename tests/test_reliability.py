@@ -360,14 +360,15 @@ def test_fault_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(fault,
 
 # ----------------------------------------------------------------------------------- 5: bad input
 def fake_checkpoint(path: Path, env_id: str = "Hopper-v5", obs_dim: int = 11, act_dim: int = 3,
-                    hidden: tuple[int, ...] = (64, 64), policy_only: bool = False) -> Path:
-    """A checkpoint as the trainer writes one, without training (cheap)."""
+                    hidden: tuple[int, ...] = (64, 64), policy_only: bool = False, per_tensor_adam: bool = False) -> Path:
+    """A checkpoint as the trainer writes one, without training (cheap); per_tensor_adam: as before the
+    learner's flat parameters (one Adam state per tensor)."""
     from ppo_ddp.checkpoint import save_checkpoint
     from ppo_ddp.config import Config, config_to_dict
-    from ppo_ddp.model import ActorCritic
+    from ppo_ddp.model import ActorCritic, flatten_parameters_
 
     model = ActorCritic(obs_dim, act_dim, hidden)
-    optimizer = torch.optim.Adam(model.parameters())
+    optimizer = torch.optim.Adam(model.parameters() if per_tensor_adam else [flatten_parameters_(model)[0]])
     payload = {"actor": model.state_dict(), "obs_rms_state": None}
     if not policy_only:
         cfg = Config(env_id=env_id, hidden_sizes=hidden)
@@ -418,6 +419,9 @@ CHECKPOINT_CASES = {
                            r"resume='.*tanh\.pt': checkpoint's network is .* activation tanh, this run's is .* activation relu"),
     "policy-only file": (lambda t: fake_checkpoint(t / "policy.pt", policy_only=True), [],
                          r"resume='.*policy\.pt': checkpoint has no 'optimizer' \(a policy-only file cannot resume training\)"),
+    "per-tensor Adam": (lambda t: fake_checkpoint(t / "old.pt", per_tensor_adam=True), [],
+                        r"resume='.*old\.pt': checkpoint's optimizer state has 13 parameter tensors, this learner steps one "
+                        r"flat tensor \(a checkpoint of an earlier ppo_ddp\): it can be evaluated but not resumed"),
 }
 
 
