@@ -50,7 +50,7 @@ REFERENCE = {
 }
 
 FIELDS = ["env", "seed", "world_size", "total_steps", "wall_seconds", "eval_mean", "eval_std", "eval_episodes",
-          "train_return_last10pct", "curve", "config", "extra_args"]
+          "train_return_last10pct", "curve", "config", "extra_args", "commit"]
 
 
 def run_name(env: str, seed: int, world_size: int) -> str:
@@ -97,10 +97,12 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 def write_rows(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = sorted(rows, key=lambda r: (r["env"], int(r["world_size"]), int(r["seed"])))
-    with open(path, "w", newline="") as f:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # replaced in one step: a concurrent reader sees old or new
+    with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
+    os.replace(tmp, path)
 
 
 def mean_std(values: list[float]) -> str:
@@ -147,6 +149,8 @@ def main() -> None:
 
     csv_path = args.out_dir / "returns.csv"
     rows = read_rows(csv_path)
+    # the code that produced a row (same seed and config reproduce it exactly on the same code)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     extra = shlex.split(args.train_args)
     for env_key in args.envs:
         env_id, preset = PRESETS[env_key]
@@ -170,10 +174,12 @@ def main() -> None:
                     "eval_std": round(float(np.std(returns)), 1), "eval_episodes": len(returns),
                     "train_return_last10pct": round(last_fraction_return(metrics_csv), 1),
                     "curve": os.path.relpath(metrics_csv, ROOT), "config": preset, "extra_args": args.train_args,
+                    "commit": commit,
                 }
                 print(f"  {env_id} seed {seed} world {world}: eval {row['eval_mean']} ± {row['eval_std']}, "
                       f"train(last 10%) {row['train_return_last10pct']}, {wall / 60:.1f} min", flush=True)
-                rows = [r for r in rows if (r["env"], str(r["seed"]), str(r["world_size"])) != key] + [row]
+                # re-read: another benchmark_returns.py may have added rows to the same CSV meanwhile
+                rows = [r for r in read_rows(csv_path) if (r["env"], str(r["seed"]), str(r["world_size"])) != key] + [row]
                 write_rows(csv_path, rows)
                 write_table(args.out_dir / "returns.md", rows)
     rows = read_rows(csv_path)
