@@ -291,12 +291,13 @@ def main(argv: list[str] | None = None) -> None:
     import torch  # noqa: F401  (the version for the header; the trainers run in their own processes)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_throughput_"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"# {ENV_ID}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; torch {torch.__version__}; "
-          f"{SAMPLES_PER_UPDATE} samples an update, mini-batches of {MINIBATCH}, {EPOCHS} epochs; "
-          f"timed window {args.steps:,} steps after {args.warmup_rounds} warm-up updates; logs in {work}", flush=True)
+    head = f"# {ENV_ID}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; torch {torch.__version__}; "
     if args.memory_rounds:
+        print(f"{head}python train.py with its defaults for {args.memory_rounds} rounds; logs in {work}", flush=True)
         learner_rss_growth(args, work)
         return
+    print(f"{head}{SAMPLES_PER_UPDATE} samples an update, mini-batches of {MINIBATCH}, {EPOCHS} epochs; "
+          f"timed window {args.steps:,} steps after {args.warmup_rounds} warm-up updates; logs in {work}", flush=True)
 
     def show(r: Result) -> None:
         rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r.peaks.items()))
