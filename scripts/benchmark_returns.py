@@ -106,7 +106,10 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 
 def mean_std(values: list[float]) -> str:
-    return f"{np.mean(values):.0f} ± {np.std(values):.0f}" if values else "—"
+    """Mean ± std over seeds; one seed has no spread to show."""
+    if not values:
+        return "—"
+    return f"{values[0]:.0f}" if len(values) == 1 else f"{np.mean(values):.0f} ± {np.std(values):.0f}"
 
 
 def write_table(path: Path, rows: list[dict[str, str]]) -> None:
