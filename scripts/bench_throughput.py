@@ -100,8 +100,11 @@ class TreeMonitor:
                 pid = stack.pop()
                 stack += _children(pid)
                 rss = _peak_rss_mb(pid)
-                if rss is not None:  # the role is read each time: a child's first sample may predate its exec
-                    self.peaks[pid] = (_role(pid), max(rss, self.peaks.get(pid, ("", 0.0))[1]))
+                if rss is not None:
+                    # The role is read each time: a child's first sample may predate its exec, when it was
+                    # still a copy of its parent; a new role (after the exec) starts a new peak.
+                    role, peak = _role(pid), self.peaks.get(pid, ("", 0.0))
+                    self.peaks[pid] = (role, max(rss, peak[1]) if role == peak[0] else rss)
             self._stop.wait(self.period)
 
     def stop(self) -> dict[str, float]:
