@@ -406,14 +406,15 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                 recent_returns.extend(ret for ret, _ in episodes)
                 global_step += steps_per_round
                 completed = iteration
+                elapsed = time.time() - start_time  # since this process started training; benchmarks read it
                 noise_states = [torch.from_numpy(r.noise_state) for r in reports]  # tensors: checkpoints are weights_only
                 metrics.update({
                     "charts/episodes": float(len(episodes)),
                     "charts/episodic_return": float(np.mean([e[0] for e in episodes])) if episodes else math.nan,
                     "charts/episodic_length": float(np.mean([e[1] for e in episodes])) if episodes else math.nan,
                     "charts/episodic_return_avg100": float(np.mean(recent_returns)) if recent_returns else math.nan,
-                    "charts/SPS": (global_step - start_step) / (time.time() - start_time),
-                    "charts/elapsed_seconds": time.time() - start_time,  # since this process started; benchmarks read it
+                    "charts/SPS": (global_step - start_step) / elapsed,
+                    "charts/elapsed_seconds": elapsed,
                 })
                 improved = bool(recent_returns) and metrics["charts/episodic_return_avg100"] > best_return
                 if improved:

@@ -54,11 +54,12 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _peak_rss_mb(pid: int) -> float | None:
+def _status_mb(pid: int, key: str = "VmHWM") -> float | None:
+    """A memory line of /proc/PID/status in MB (VmHWM: peak RSS, VmRSS: current); None once the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{key}:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -99,7 +100,7 @@ class TreeMonitor:
             while stack:
                 pid = stack.pop()
                 stack += _children(pid)
-                rss = _peak_rss_mb(pid)
+                rss = _status_mb(pid)
                 if rss is not None:
                     # The role is read each time: a child's first sample may predate its exec, when it was
                     # still a copy of its parent; a new role (after the exec) starts a new peak.
@@ -191,14 +192,13 @@ def run_sb3(vec: str, threads: int, args: argparse.Namespace, work: Path) -> Res
     return Result(name, out["steps"] / out["seconds"], out["seconds"], wall, peaks)
 
 
-def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, work: Path, rounds: int | None = None,
-                label: str = "") -> Result:
+def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, work: Path) -> Result:
     per_rank = SAMPLES_PER_UPDATE // world
     rollout_length = per_rank // (actors * envs)
     if rollout_length * actors * envs != per_rank:
         raise SystemExit(f"bench_throughput.py: shape {actors}x{envs} does not divide {per_rank} samples per rank")
-    rounds = rounds or args.warmup_rounds + args.steps // SAMPLES_PER_UPDATE
-    name = f"w{world}_a{actors}_e{envs}{label}"
+    rounds = args.warmup_rounds + args.steps // SAMPLES_PER_UPDATE
+    name = f"w{world}_a{actors}_e{envs}"
     flags = ["--env-id", ENV_ID, "--seed", str(args.seed), "--total-timesteps", str(rounds * SAMPLES_PER_UPDATE),
              "--actors-per-gpu", str(actors), "--envs-per-actor", str(envs), "--rollout-length", str(rollout_length),
              "--num-minibatches", str(per_rank // MINIBATCH), "--update-epochs", str(EPOCHS),
@@ -231,15 +231,16 @@ def learner_rss_growth(args: argparse.Namespace, work: Path) -> None:
         metrics = work / name / "metrics.csv"
         samples: dict[int, float] = {}  # round -> learner RSS in MB, read when the round's row appears
         while proc.poll() is None:
+            rss = _status_mb(proc.pid, "VmRSS")
             try:
-                with open(f"/proc/{proc.pid}/status") as f:
-                    rss = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
                 with open(metrics) as f:
                     done = sum(1 for _ in f) - 1
-            except (OSError, StopIteration):
+            except OSError:
+                done = 0
+            if rss is None or done <= 0:
                 time.sleep(0.05)
                 continue
-            if done > 0 and done not in samples:
+            if done not in samples:
                 samples[done] = rss
             time.sleep(0.02)
     if proc.returncode != 0:
