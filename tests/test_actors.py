@@ -438,7 +438,12 @@ def test_ctrl_c_gives_one_traceback_and_no_orphans(tmp_path):
     """Ctrl-C (SIGINT to the whole foreground process group) while the learner trains and its actors wait:
     the learner raises KeyboardInterrupt and closes its pool; the actors print nothing and are gone."""
     script = textwrap.dedent(f"""
-        import sys, time
+        import faulthandler, signal, sys, time
+        # A terminal job starts with Ctrl-C's default action. A child of a non-interactive shell's background
+        # job (`pytest ... &`, as CI may run) inherits SIGINT *ignored*, and Python then installs no
+        # KeyboardInterrupt handler: this script, standing in for a user's own loop, sets what a terminal gives.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow exit hangs
         sys.path[:0] = [{str(TESTS_DIR.parent)!r}, {str(TESTS_DIR)!r}]
         from ppo_ddp.actors import ActorPool
         from ppo_ddp.config import Config
@@ -460,12 +465,28 @@ def test_ctrl_c_gives_one_traceback_and_no_orphans(tmp_path):
         pids = [int(p) for p in learner.stdout.readline().split()]
         time.sleep(0.1)
         os.killpg(learner.pid, signal.SIGINT)
-        learner.wait(timeout=30)
-        learner.stdout.close()
+        try:
+            learner.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"learner alive 30 s after SIGINT\n{_where_it_hangs(learner.pid, stderr)}")
+        finally:
+            learner.stdout.close()
     text = stderr.read_text()
     assert len(pids) == 2, text
     assert text.count("Traceback") == 1 and text.rstrip().endswith("KeyboardInterrupt"), text
     assert all(not os.path.exists(f"/proc/{pid}") for pid in pids), "actors left running after Ctrl-C"
+
+
+def _where_it_hangs(pid: int, stderr: Path) -> str:
+    """A process (with faulthandler on SIGUSR1) that outlived its deadline: its signal dispositions, its
+    Python stack and its session's processes; then the session is killed so that nothing is left behind."""
+    with open(f"/proc/{pid}/status") as f:
+        dispositions = "".join(line for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    ps = subprocess.run(["ps", "-s", str(pid), "-o", "pid,ppid,stat,wchan:30,etime,args"], capture_output=True, text=True)
+    os.killpg(pid, signal.SIGKILL)
+    return f"{dispositions}{ps.stdout}--- its stderr (a stack dump last) ---\n{stderr.read_text()}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
