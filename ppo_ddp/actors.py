@@ -470,8 +470,9 @@ class ActorPool:
     """
 
     def __init__(self, cfg: Config, rank: int, num_actors: int, obs_dim: int, act_dim: int, pin_memory: bool,
-                 noise_states: Optional[list[Any]] = None) -> None:
-        """noise_states: each actor's action-noise generator state (uint8 tensor or array) to continue from, or None."""
+                 noise_states: Optional[list[Any]] = None, first_round: int = 1) -> None:
+        """noise_states: each actor's action-noise generator state (uint8 tensor or array) to continue from, or None.
+        first_round: the number of the first `collect` in the trainer's count (messages name rounds by it)."""
         self.cfg, self.rank, self.num_actors = cfg, rank, num_actors
         if noise_states is not None and len(noise_states) != num_actors:
             raise ValueError(f"{len(noise_states)} noise states for {num_actors} actors")
@@ -480,7 +481,7 @@ class ActorPool:
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[mp.connection.Connection] = []
         self._ready = [False] * num_actors
-        self._round = 0
+        self._round = first_round - 1
         self._slowest_round = 0.0
         self._closed = False
         self._started_at = time.monotonic()

@@ -41,6 +41,16 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
         raise
 
 
+def mean_policy(rank_policies: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The policy at a checkpoint's top level (what evaluate and users read): the mean over ranks of their
+    parameters, which differ between the syncs of param_sync_interval > 1. Ranks that agree (every sync
+    round, one rank) give their own tensors unchanged, not a mean that could round in the last bit."""
+    first = rank_policies[0]
+    if all(torch.equal(p[k], first[k]) for p in rank_policies[1:] for k in first):
+        return first
+    return {k: torch.stack([p[k] for p in rank_policies]).mean(0) for k in first}
+
+
 def _load_error_reason(e: Exception) -> str:
     """One plain line from torch.load's error.
 

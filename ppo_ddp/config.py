@@ -223,20 +223,17 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail("resume", cfg.resume, "needs --run-name: the run whose latest checkpoint to continue")
     if cfg.run_name is not None and (not cfg.run_name.strip() or "/" in cfg.run_name or cfg.run_name in (".", "..")):
         raise _fail("run_name", cfg.run_name, "must be a folder name (not empty, no '/')")
-    actors_per_learner(cfg, cfg.num_gpus)
+    try:
+        actors = resolve_actors_per_learner(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    check_round_split(cfg, actors)  # the trainer checks it again for the actors its topology decides
     if check_env:
         check_env_id(cfg.env_id)
 
 
-def actors_per_learner(cfg: Config, num_learners: int) -> int:
-    """Actors each of num_learners learners owns, checked to give a round that splits into the mini-batches.
-
-    validate() checks it for num_gpus learners; the trainer again for the world size torchrun gave it.
-    """
-    try:
-        actors = resolve_actors_per_learner(cfg.num_actors, num_learners, cfg.actors_per_gpu)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+def check_round_split(cfg: Config, actors: int) -> None:
+    """A learner's round of `actors` actors must split into the mini-batches; ConfigError naming the field if not."""
     batch = actors * cfg.envs_per_actor * cfg.rollout_length
     if batch % cfg.num_minibatches != 0:
         raise _fail(
@@ -244,7 +241,6 @@ def actors_per_learner(cfg: Config, num_learners: int) -> int:
             f"must divide the {batch} samples a learner collects per round "
             f"(actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length})",
         )
-    return actors
 
 
 def check_env_id(env_id: str) -> None:

@@ -19,9 +19,13 @@ import torch
 import torch.distributed as dist
 from contextlib import contextmanager
 
-from ppo_ddp.config import ConfigError
+from ppo_ddp.config import Config, ConfigError, check_round_split
 from ppo_ddp.normalization import Moments, merge_rms_states
-from ppo_ddp.topology import resolve_rank_device
+from ppo_ddp.topology import Launch, TrainingTopology, resolve_rank_device, resolve_training_topology
+
+OWN_LAUNCH_ENV = "PPO_DDP_ACTORS_PER_LEARNER"
+"""Set by our own launch (`python train.py` starting several learners) for its workers: the actors per learner
+it decided. Its presence also tells a worker that the user typed `python train.py`, not torchrun."""
 
 # A collective that waits longer than this means a peer rank is gone or stuck; better a clear timeout
 # than a hang. It is the last line of defence: a rank that fails in its own work tells the others through
@@ -60,6 +64,8 @@ class DistContext:
     """This rank's learner device."""
     comm_device: torch.device
     """Where collective tensors live: the GPU under NCCL, the CPU under gloo."""
+    local_world_size: int = 1
+    """Learners on this node (they share its memory and /dev/shm)."""
 
     @property
     def is_main(self) -> bool:
@@ -72,6 +78,32 @@ def under_torchrun() -> bool:
 
 def _mps_available() -> bool:
     return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def current_launch() -> Launch:
+    """How this process was started, from the environment torchrun (and our own launch) set."""
+    if not under_torchrun():
+        return Launch()
+    world = int(os.environ["WORLD_SIZE"])
+    granted = os.environ.get(OWN_LAUNCH_ENV)
+    return Launch(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), int(granted) if granted else None)
+
+
+def launched_by_us() -> bool:
+    """A worker of our own launch (the user ran `python train.py`), not of the user's torchrun."""
+    return OWN_LAUNCH_ENV in os.environ
+
+
+def training_topology(cfg: Config) -> TrainingTopology:
+    """This run's learners, actors and device (topology.resolve_training_topology) for the devices this process
+    sees and how it was launched; ConfigError when the config does not fit them."""
+    try:
+        topology = resolve_training_topology(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu, torch.cuda.device_count(),
+                                              _mps_available(), current_launch())
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    check_round_split(cfg, topology.actors_per_learner)
+    return topology
 
 
 def setup(single_process_device: Optional[str] = None) -> DistContext:
@@ -88,10 +120,10 @@ def setup(single_process_device: Optional[str] = None) -> DistContext:
             raise ConfigError(str(e)) from None
         store = None
     else:
-        rank, world_size, local_rank = 0, 1, 0
+        rank, world_size, local_rank, local_world_size = 0, 1, 0, 1
         device = torch.device(single_process_device or "cpu")
         store = dist.HashStore()
-    if under_torchrun() and world_size == int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
+    if under_torchrun() and world_size == local_world_size:
         _loopback_sockets()
     if device.type == "cuda":
         # Bind before the first collective: otherwise every rank's NCCL communicator lands on cuda:0.
@@ -107,7 +139,8 @@ def setup(single_process_device: Optional[str] = None) -> DistContext:
     if backend == "nccl":
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
-    return DistContext(rank, world_size, local_rank, device, device if backend == "nccl" else torch.device("cpu"))
+    return DistContext(rank, world_size, local_rank, device, device if backend == "nccl" else torch.device("cpu"),
+                       local_world_size)
 
 
 def _attempt_store(world_size: int) -> dist.Store:

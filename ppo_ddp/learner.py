@@ -43,6 +43,12 @@ class RolloutBatch:
 GlobalMeanStd = Callable[[torch.Tensor], "tuple[float, float]"]
 
 
+def annealed_learning_rate(initial: float, global_step: int, total_timesteps: int) -> float:
+    """The linearly annealed rate of a round that starts after global_step env steps: a function of the steps
+    alone, so it continues unchanged across a resume on another world size or round size."""
+    return initial * max(0.0, 1.0 - global_step / total_timesteps)
+
+
 class Learner:
     def __init__(self, cfg: Config, model: ActorCritic, device: torch.device) -> None:
         self.cfg = cfg
@@ -90,7 +96,8 @@ class Learner:
                 break
 
         log_ratio = torch.stack(log_ratios)
-        pg_loss, v_loss, entropy = torch.stack(losses).double().mean(0).tolist()
+        # float64 for the mean of a few hundred values, on the CPU: the learner's device may have none (MPS)
+        pg_loss, v_loss, entropy = torch.stack(losses).cpu().double().mean(0).tolist()
         approx_kl = _approx_kl(log_ratio).item()
         clipfrac = ((log_ratio.exp() - 1).abs() > cfg.clip_coef).float().mean().item()
         with torch.no_grad():

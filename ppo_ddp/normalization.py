@@ -54,6 +54,15 @@ def compute_batch_moments(x: np.ndarray | torch.Tensor) -> Moments:
     return Moments(x.mean(axis=0), x.var(axis=0), float(x.shape[0]))
 
 
+def tensor_moments(x: torch.Tensor) -> Moments:
+    """Moments of a 1-D tensor of any device, in float64 on the CPU (MPS has no float64; on CUDA it is one copy
+    of the round's values). Unlike compute_batch_moments, no finiteness check: the caller reports non-finite
+    data with its own context."""
+    x64 = x.detach().to("cpu", torch.float64)
+    mean, var = torch.stack([x64.mean(), x64.var(unbiased=False)]).tolist()
+    return Moments(np.array(mean), np.array(var), float(x.numel()))
+
+
 def merge_rms_states(states: Iterable[Optional[Moments]]) -> Optional[Moments]:
     """Exact moments of the union of disjoint data sets; None entries and zero counts are skipped.
 

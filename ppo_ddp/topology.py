@@ -1,11 +1,12 @@
 """How many learners, how many actors each, and on which device: pure rules, no torch.distributed.
 
-The rules are those of Method.md ("多 GPU 拓扑"), restated in DESIGN.md:
+The rules:
 - the legacy single-machine config num_actors=1, num_gpus=1 starts exactly one actor;
 - with several GPUs, num_actors must equal num_gpus * actors_per_gpu;
 - fewer GPUs than asked → fewer learners, the same actors per learner;
 - no GPU → one CPU learner (MPS where present).
-Under torchrun the world size is given instead, and each rank needs a device of its own.
+Under torchrun the world size is given instead (by the user, or by our own launch together with the actors it
+decided), and each rank needs a device of its own.
 """
 
 from __future__ import annotations
@@ -54,20 +55,52 @@ def resolve_actors_per_learner(num_actors: Optional[int], num_gpus: int, actors_
     return actors_per_gpu
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How this learner process was started, which decides what the topology rules may still change."""
+
+    world_size: Optional[int] = None
+    """Ranks torchrun started; None for plain `python train.py` (the rules choose the learners)."""
+    local_world_size: Optional[int] = None
+    """Ranks on this node (torchrun's LOCAL_WORLD_SIZE; None: all of world_size)."""
+    granted_actors: Optional[int] = None
+    """Actors per learner that our own launch (`python train.py` starting several learners) decided before it
+    started the workers; None under a user's torchrun, where the world size stands for num_gpus."""
+
+
 def resolve_training_topology(
     num_actors: Optional[int],
     num_gpus: int,
     actors_per_gpu: Optional[int],
     available_gpus: int,
     mps_available: bool = False,
+    launch: Launch = Launch(),
 ) -> TrainingTopology:
-    """The learners and actors `python train.py` starts on a machine with `available_gpus` CUDA devices."""
-    actors = resolve_actors_per_learner(num_actors, num_gpus, actors_per_gpu)
+    """The learners, the actors of each and their device: the one decision, made before any learner starts.
+
+    - plain `python train.py`: min(num_gpus, available_gpus) learners, each with the actors the totals give
+      for num_gpus (fewer GPUs than asked: fewer learners, the same actors each);
+    - a worker of our own launch: the world size and the actors the launcher decided (recomputing them from
+      the granted world size would cram a 4-GPU config's actors onto the 2 GPUs present);
+    - a user's torchrun: the world size is the number of learners asked for (it stands for num_gpus), and a
+      node must see a GPU for each of its ranks when it sees any.
+    """
     if available_gpus < 0:
         raise ValueError(f"available_gpus={available_gpus}: must be >= 0")
-    if available_gpus == 0:
-        return TrainingTopology(1, actors, "mps" if mps_available else "cpu")
-    return TrainingTopology(min(num_gpus, available_gpus), actors, "cuda")
+    if launch.world_size is None:
+        actors = resolve_actors_per_learner(num_actors, num_gpus, actors_per_gpu)
+        if available_gpus == 0:
+            return TrainingTopology(1, actors, "mps" if mps_available else "cpu")
+        return TrainingTopology(min(num_gpus, available_gpus), actors, "cuda")
+    if launch.world_size <= 0:
+        raise ValueError(f"WORLD_SIZE={launch.world_size}: must be a positive integer")
+    if launch.granted_actors is not None:
+        actors = launch.granted_actors
+    else:
+        actors = resolve_actors_per_learner(num_actors, launch.world_size, actors_per_gpu)
+    local = launch.local_world_size or launch.world_size
+    device = resolve_rank_device(launch.world_size, 0, local, available_gpus, mps_available).split(":")[0]
+    return TrainingTopology(launch.world_size, actors, device)  # type: ignore[arg-type]
 
 
 def resolve_rank_device(

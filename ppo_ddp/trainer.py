@@ -32,25 +32,23 @@ import yaml
 
 from ppo_ddp import distributed as D
 from ppo_ddp.actors import ActorError, ActorPool, ActorReport
-from ppo_ddp.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ppo_ddp.config import Config, ConfigError, actors_per_learner, config_to_dict
+from ppo_ddp.buffers import BufferSpec
+from ppo_ddp.capacity import available_memory, check_round_fits, free_shared_memory
+from ppo_ddp.checkpoint import CheckpointError, load_checkpoint, mean_policy, save_checkpoint
+from ppo_ddp.config import Config, ConfigError, config_to_dict
 from ppo_ddp.envs import make_env
-from ppo_ddp.learner import Learner, RolloutBatch
-from ppo_ddp.model import ActorCritic
-from ppo_ddp.normalization import Moments, merge_rms_states
+from ppo_ddp.learner import Learner, RolloutBatch, annealed_learning_rate
+from ppo_ddp.model import ActorCritic, num_parameters
+from ppo_ddp.normalization import Moments, merge_rms_states, tensor_moments
 from ppo_ddp.run_log import RunLogger, write_run_config
 from ppo_ddp.signals import ForcedStop, StopRequests, exit_code, signal_name
-from ppo_ddp.topology import resolve_training_topology
+from ppo_ddp.topology import TrainingTopology
 
 RETURN_WINDOW = 100
 """Episodes in the rolling mean that decides the best checkpoint (per-round means are too noisy)."""
 
 DEBUG_DIR_ENV = "PPO_DDP_DEBUG_DIR"
 """When set, every rank writes its local parameters, metrics and statistics of each round there (tests use it)."""
-
-LAUNCHER_ENV = "PPO_DDP_LAUNCHER"
-"""Set by launch_learners for its workers: the resume hint then says `python train.py`, not torchrun."""
-
 
 class RunFailed(RuntimeError):
     """A failure all ranks agreed on (settle): every rank raises it and exits with exit_code."""
@@ -82,20 +80,19 @@ def main(cfg: Config) -> None:
     Exit status: 0 done; 1 a failure during training (the message names rank, actor, env and step); 2 bad
     input (config, checkpoint, topology); 128 + signal number (130 Ctrl-C, 143 SIGTERM) stopped by a signal.
     """
-    if not D.under_torchrun():
-        topology = resolve_training_topology(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu,
-                                             torch.cuda.device_count(), D._mps_available())
-        if topology.num_learners > 1:
-            launch_learners(topology.num_learners, sys.argv)
-            return
-        device = "cuda:0" if topology.device == "cuda" else topology.device
-    else:
-        device = None
     try:
+        # Decided once, before any learner starts; our own launch hands its decision to every worker.
+        topology = D.training_topology(cfg)
+        device = None
+        if not D.under_torchrun():
+            if topology.num_learners > 1:
+                launch_learners(topology, sys.argv)
+                return
+            device = "cuda:0" if topology.device == "cuda" else topology.device
         # Installed once the process group is up: a signal while it forms (which can wait on other nodes)
         # ends the learner as usual, with nothing to save; from then on it is a stop at the next round.
         with D.process_group(device) as ctx, StopRequests(announce=_is_local_main()) as stop:
-            train(cfg, ctx, stop)
+            train(cfg, ctx, stop, topology.actors_per_learner)
     except (ConfigError, CheckpointError) as e:  # found alike by every rank (e.g. a topology that does not fit)
         if _is_local_main():  # one line per node
             print(f"train.py: error: {e}", file=sys.stderr)
@@ -111,10 +108,11 @@ def main(cfg: Config) -> None:
         raise SystemExit(1) from None
 
 
-def launch_learners(num_learners: int, argv: list[str]) -> None:
+def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
     """`python train.py` with several learners: start them through torch's elastic launcher, like torchrun.
 
-    argv is train.py's command line (script first); every learner re-runs it under torchrun's environment.
+    argv is train.py's command line (script first); every learner re-runs it under torchrun's environment
+    and takes the actors per learner decided here (D.OWN_LAUNCH_ENV), not a count of its own.
     The rendezvous store listens on 127.0.0.1 only (torchrun --standalone's listens on every interface).
     Exits with the first failed learner's status, or 128 + signal when the launcher itself was signalled.
     """
@@ -124,9 +122,10 @@ def launch_learners(num_learners: int, argv: list[str]) -> None:
 
     D.register_loopback_rendezvous()
     args = [f"--rdzv-backend={D.LOOPBACK_RDZV_BACKEND}", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4()}",
-            "--nnodes=1", f"--nproc_per_node={num_learners}", *argv]
-    print(f"starting {num_learners} learners: torchrun {' '.join(args)}", flush=True)
-    os.environ[LAUNCHER_ENV] = "python"
+            "--nnodes=1", f"--nproc_per_node={topology.num_learners}", *argv]
+    print(f"starting {topology.num_learners} learners with {topology.actors_per_learner} actor(s) each: "
+          f"torchrun {' '.join(args)}", flush=True)
+    os.environ[D.OWN_LAUNCH_ENV] = str(topology.actors_per_learner)
     try:
         run(parse_args(args))
     except ChildFailedError as e:  # each learner has said what went wrong; torchrun's report would repeat it
@@ -144,14 +143,6 @@ def checkpoint_paths(run_dir: Path, run_name: str) -> tuple[Path, Path]:
     return run_dir / f"model_{run_name}.pt", run_dir / f"model_{run_name}_best.pt"
 
 
-def _tensor_moments(x: torch.Tensor) -> Moments:
-    """Moments of a 1-D tensor in float64, on its device; unlike compute_batch_moments, no finiteness check:
-    non-finite advantages are caught as a non-finite update, with the round and rank in the message."""
-    x64 = x.detach().double()
-    mean, var = torch.stack([x64.mean(), x64.var(unbiased=False)]).tolist()
-    return Moments(np.array(mean), np.array(var), float(x.numel()))
-
-
 def _to_cpu(obj: Any) -> Any:
     """Tensors of a nested state (e.g. an optimizer's) moved to the CPU, for pickling to another rank."""
     if isinstance(obj, torch.Tensor):
@@ -163,15 +154,11 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) -> None:
+def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests], actors: int) -> None:
+    """Train on this rank with `actors` actor processes (the topology's actors per learner)."""
     stop = stop or StopRequests()  # not entered: never set
-    # Under torchrun the world size is the number of learners asked for; otherwise num_gpus is (and the
-    # topology may have granted fewer, each with the same actors).
-    requested_learners = ctx.world_size if D.under_torchrun() else cfg.num_gpus
-    actors = actors_per_learner(cfg, requested_learners)
     samples_per_rank = actors * cfg.envs_per_actor * cfg.rollout_length
     steps_per_round = ctx.world_size * samples_per_rank
-    num_iterations = math.ceil(cfg.total_timesteps / steps_per_round)
 
     probe = make_env(cfg.env_id)
     obs_shape = probe.observation_space.shape
@@ -221,7 +208,7 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
         signum, failed = D.agree(ctx, stop_signal, error is not None)
         if failed:
             reports = [r for r in D.gather_objects(ctx, _failure_report(ctx, error) if error is not None else None) if r]
-            message = "; ".join(text for text, _ in reports)
+            message = "; ".join(dict.fromkeys(text for text, _ in reports))  # ranks that found the same say it once
             if last_good is not None:
                 message += f" (kept the last good checkpoint {latest_path}, round {last_good})"
             # Said before the clean-up, which torchrun may cut short; its SIGTERM to the ranks still running
@@ -233,9 +220,15 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
         return signum
 
     # ---- resume: rank 0 reads the checkpoint and hands it to the others (one read; nodes need not share a disk)
+    # Work that cannot fit on this node is refused before any actor starts (every rank checks its node).
     error: Optional[BaseException] = None
+    try:
+        spec = BufferSpec(actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_parameters(model))
+        check_round_fits(spec, ctx.local_world_size, free_shared_memory(), available_memory())
+    except ConfigError as e:
+        error = local_failure(e)
     state, resume_path = None, None
-    if ctx.is_main:
+    if ctx.is_main and error is None:
         try:
             resume_path = _resume_path(cfg, latest_path, restart_count > 0)
             if resume_path is not None:
@@ -267,9 +260,13 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
         if Path(resume_path) == latest_path:
             last_good = start_iteration
         del state
-        # The rounds left to reach total_timesteps: the same count as before on the same world size; with
-        # another world size a round holds another number of steps.
-        num_iterations = start_iteration + max(0, math.ceil((cfg.total_timesteps - global_step) / steps_per_round))
+    # A run without statistics yet (a fresh start) seeds them before its first update: round 0 (see the loop).
+    # The rounds left to reach total_timesteps: the same count as before on the same world size; with another
+    # world size a round holds another number of steps.
+    seeding = bool((cfg.normalize_obs and obs_rms is None) or (cfg.normalize_reward and ret_rms is None))
+    seeding_steps = steps_per_round if seeding else 0
+    num_iterations = start_iteration + max(0, math.ceil((cfg.total_timesteps - global_step - seeding_steps) / steps_per_round))
+    seeding = seeding and num_iterations > start_iteration
 
     logger: Optional[RunLogger] = None
     debug_dir = os.environ.get(DEBUG_DIR_ENV)
@@ -288,9 +285,9 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
         }
 
     def checkpoint(iteration: int, rank_states: list[dict[str, Any]]) -> dict[str, Any]:
-        own = rank_states[0]  # rank 0's learner is the checkpoint's top level (what evaluate and Method.md read)
+        own = rank_states[0]  # the top level: the ranks' mean policy, rank 0's optimizer and generators
         return {
-            "actor": own["actor"],
+            "actor": mean_policy([r["actor"] for r in rank_states]),
             "obs_rms_state": obs_rms.to_state() if (cfg.normalize_obs and obs_rms) else None,
             "return_rms_state": ret_rms.to_state() if ret_rms else None,
             "optimizer": own["optimizer"],
@@ -317,7 +314,8 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                         "steps_per_round": steps_per_round, "num_iterations": num_iterations,
                         "resumed_from": str(resume_path) if resume_path else None,
                         "torchelastic_run_id": elastic_id, "torchelastic_restart_count": restart_count})
-                    logger = RunLogger(run_dir, metrics_path, global_step + (num_iterations - start_iteration) * steps_per_round,
+                    logger = RunLogger(run_dir, metrics_path,
+                                       global_step + (num_iterations - start_iteration + seeding) * steps_per_round,
                                        resume_path is not None, global_step)
                     stack.callback(logger.close)
                 except OSError as e:
@@ -327,7 +325,8 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
             if error is None:
                 try:
                     pool = stack.enter_context(ActorPool(cfg, rank=ctx.rank, num_actors=actors, obs_dim=obs_dim,
-                                                         act_dim=act_dim, pin_memory=pin, noise_states=noise_states))
+                                                         act_dim=act_dim, pin_memory=pin, noise_states=noise_states,
+                                                         first_round=start_iteration + (0 if seeding else 1)))
                 except Exception as e:
                     error = local_failure(e)
             settle(error)
@@ -342,9 +341,16 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                     logger.message(f"no checkpoint of run {run_name} yet: starting it fresh")
                 for note in notes:
                     logger.message(note)
+                if seeding:
+                    logger.message(f"round 0: {steps_per_round} steps of the initial policy seed the statistics (not trained on)")
 
             stopped = 0
-            for iteration in range(start_iteration + 1, num_iterations + 1):
+            # Round 0, in a run without statistics yet: the actors act with the initial policy on raw inputs and
+            # the round seeds the observation and return statistics; nothing is trained on it, and its steps
+            # count in global_step. So every update, the first included, sees normalised observations and
+            # scaled rewards (re-normalising round 1's data instead is impossible: its bootstrap values were
+            # computed from unnormalised final observations that the buffers do not keep).
+            for iteration in range(start_iteration + (0 if seeding else 1), num_iterations + 1):
                 # 1-3 (this rank's own work): actors sample with this rank's weights and the frozen statistics.
                 reports, batch = None, None
                 if error is None:
@@ -363,19 +369,24 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                     break
 
                 if cfg.anneal_lr:
-                    learner.set_learning_rate(cfg.learning_rate * (1.0 - (iteration - 1) / num_iterations))
+                    learner.set_learning_rate(annealed_learning_rate(cfg.learning_rate, global_step, cfg.total_timesteps))
                 frozen_obs_rms = obs_rms
                 # 4: this round's increments over all actors of all ranks, merged into the history once, and the
                 # moments of all ranks' advantages (for their normalisation in step 5): one collective.
                 obs_inc, ret_inc, adv_moments = D.merge_moments_across_ranks(ctx, [
                     merge_rms_states(r.obs_moments for r in reports) if cfg.normalize_obs else None,
                     merge_rms_states(r.return_moments for r in reports) if cfg.normalize_reward else None,
-                    _tensor_moments(batch.advantages) if cfg.norm_adv else None,
+                    tensor_moments(batch.advantages) if cfg.norm_adv else None,  # non-finite: caught after the update
                 ], [obs_shape, (), ()])
                 if cfg.normalize_obs:
                     obs_rms = merge_rms_states([obs_rms, obs_inc])
                 if cfg.normalize_reward:
                     ret_rms = merge_rms_states([ret_rms, ret_inc])
+                if seeding and iteration == start_iteration:  # round 0: the statistics are seeded, nothing else
+                    global_step += steps_per_round
+                    if debug_dir:
+                        _debug_dump(Path(debug_dir), ctx, iteration, model, learner, {}, obs_rms, None, None, pool, reports)
+                    continue
                 # 5: PPO on this rank's rollout; the advantages normalised with the mean and the (unbiased) std
                 # over all ranks, so the update itself is this rank's own work.
                 adv_stats = None
@@ -392,8 +403,9 @@ def train(cfg: Config, ctx: D.DistContext, stop: Optional[StopRequests] = None) 
                 train_seconds = time.time() - t0
                 settle(error)  # a failed or non-finite update stops every rank before weights are averaged
 
-                # 6: weight averaging; between sync rounds each rank keeps its own parameters.
-                if iteration % cfg.param_sync_interval == 0:
+                # 6: weight averaging; between sync rounds each rank keeps its own parameters. The last round
+                # averages too: a run ends with one policy on every rank.
+                if iteration % cfg.param_sync_interval == 0 or iteration == num_iterations:
                     D.average_parameters(ctx, model)
 
                 # 7: metrics averaged over ranks; episodes of all actors of all ranks.
@@ -490,7 +502,7 @@ def resume_command(run_name: Optional[str], argv: Optional[list[str]] = None) ->
             continue
         flags.append(arg)
     tail = [argv[0], *flags] + (["--resume", "auto", "--run-name", run_name] if run_name is not None else [])
-    if not D.under_torchrun() or os.environ.get(LAUNCHER_ENV) == "python":
+    if not D.under_torchrun() or D.launched_by_us():
         return shlex.join(["python", *tail])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -588,6 +600,12 @@ def _restore(state: dict[str, Any], ctx: D.DistContext, model: torch.nn.Module, 
     source = mine or state
     model.load_state_dict(source["actor"])
     learner.optimizer.load_state_dict(source["optimizer"])
+    # The optimizer state carries the rate it last used; the command line's wins (with anneal_lr the next round
+    # sets its own anyway).
+    saved_lr = learner.optimizer.param_groups[0]["lr"]
+    learner.set_learning_rate(learner.cfg.learning_rate)
+    if not learner.cfg.anneal_lr and saved_lr != learner.cfg.learning_rate and ctx.is_main:
+        notes.append(f"learning_rate {learner.cfg.learning_rate:g} (this run's) replaces the checkpoint's {saved_lr:g}")
     try:
         learner.generator.set_state(source["generator"])
         if mine is not None:

@@ -17,7 +17,7 @@ Steps are counted over the env's lifetime from 0, like the actor's steps of its 
 
 For the trainer's fault tests (tests/test_reliability.py: 1 actor x 2 envs x 32 steps a round, --seed 7):
 ScriptedRaiseRank1-v0 / ScriptedNaNRewardRank1-v0 fail in rank 1's actor 0, env 1, at step 6 of round 3
-(lifetime step 70), after the round-2 checkpoint; ScriptedHangRank0-v0 hangs there in rank 0's actor 0.
+(lifetime step 102), after the round-2 checkpoint; ScriptedHangRank0-v0 hangs there in rank 0's actor 0.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ FINAL_MARKER = 1000.0
 FAILURE_SEED = 7
 """Tests of the failure variants use Config(seed=FAILURE_SEED); the failing env is rank 0, actor 1, env 1."""
 FAILURE_TARGET = env_seed(FAILURE_SEED, 0, 1, 1)
-LATE_STEP = 70
-"""Lifetime step of the trainer tests' failures: step 6 of round 3 with 32-step rounds."""
+LATE_STEP = 102
+"""Lifetime step of the trainer tests' failures: step 6 of round 3 with 32-step rounds, after round 0 (which
+seeds the statistics)."""
 
 
 class ScriptedEnv(gym.Env):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_ddp.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ppo_ddp.checkpoint import CheckpointError, load_checkpoint, mean_policy, save_checkpoint
 from ppo_ddp.config import Config, config_from_dict, config_to_dict
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.normalization import Moments, compute_batch_moments
@@ -181,3 +181,13 @@ def test_a_torch_file_that_is_not_ours_names_the_required_keys(tmp_path, content
 
 def test_missing_file_is_a_clear_error(tmp_path):
     assert "no such file" in unreadable_message(tmp_path / "nope.pt")
+
+
+def test_top_level_policy_is_the_mean_over_ranks():
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
+    b = {"w": torch.tensor([3.0, 2.0]), "b": torch.tensor([1.5])}
+    mean = mean_policy([a, b])
+    assert torch.equal(mean["w"], torch.tensor([2.0, 2.0])) and torch.equal(mean["b"], torch.tensor([1.0]))
+    third = torch.tensor([0.1, 0.7, 1.3])  # ranks that agree: their own tensors, bit for bit (no 3 * x / 3)
+    same = mean_policy([{"w": third.clone()} for _ in range(3)])
+    assert torch.equal(same["w"], third)

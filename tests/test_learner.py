@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from ppo_ddp.config import Config
 from ppo_ddp.learner import Learner, RolloutBatch
 from ppo_ddp.model import ActorCritic
+from ppo_ddp.normalization import tensor_moments
 
 OBS, ACT, B = 6, 3, 256
 
@@ -167,3 +169,41 @@ def test_parameters_and_gradients_live_in_the_flat_buffers():
     state = {k: torch.zeros_like(v) for k, v in learner.model.state_dict().items()}
     learner.model.load_state_dict(state)
     assert flat.abs().sum().item() == 0.0
+
+
+class NoFloat64(torch.Tensor):
+    """A stand-in for a tensor on a device without float64 (MPS): any op on it that would make a float64 tensor
+    raises, as MPS does. `.cpu()` leaves the device, so what follows it is a plain CPU tensor."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = super().__torch_function__(func, types, args, kwargs)
+        if func is torch.Tensor.cpu or (func is torch.Tensor.to and "cpu" in [str(a) for a in (*args[1:], *kwargs.values())]):
+            return out.as_subclass(torch.Tensor)
+        results = out if isinstance(out, (tuple, list)) else (out,)
+        if any(isinstance(r, torch.Tensor) and r.dtype == torch.float64 for r in results):
+            raise TypeError(f"{getattr(func, '__name__', func)}: this device has no float64")
+        return out
+
+
+def on_device_without_float64(batch: RolloutBatch) -> RolloutBatch:
+    return RolloutBatch(*(getattr(batch, f.name).as_subclass(NoFloat64) for f in dataclasses.fields(batch)))
+
+
+def test_stand_in_refuses_float64_on_the_device_only():
+    x = torch.ones(3).as_subclass(NoFloat64)
+    with pytest.raises(TypeError, match="no float64"):
+        x.double()
+    assert type(x.cpu().double()) is torch.Tensor
+
+
+def test_the_learners_statistics_run_on_a_device_without_float64():
+    """The round's statistics on the learner's side (advantage moments, loss means) ask the device for no
+    float64: they move to the CPU first. Same numbers as on plain CPU tensors."""
+    learner, batch = make(Config(update_epochs=2, num_minibatches=4))
+    moments = tensor_moments(on_device_without_float64(batch).advantages)
+    assert moments == tensor_moments(batch.advantages)
+    metrics = learner.train_step(on_device_without_float64(batch), local_mean_std)
+    reference, _ = make(Config(update_epochs=2, num_minibatches=4))
+    assert metrics == reference.train_step(batch, local_mean_std)

@@ -24,6 +24,7 @@ import torch
 import yaml
 
 from helpers import process_alive
+from ppo_ddp.config import Config
 from test_train import SMALL, read_csv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,8 +97,13 @@ class Launch:
 
 
 def train_args(tmp_path: Path, run_name: Optional[str], rounds: int, *extra: str) -> list[str]:
-    args = ["train.py", *SMALL, "--total-timesteps", str(rounds * STEPS_PER_ROUND), "--runs-dir", str(tmp_path / "runs")]
+    args = ["train.py", *SMALL, "--total-timesteps", str(steps_after(rounds)), "--runs-dir", str(tmp_path / "runs")]
     return args + (["--run-name", run_name] if run_name else []) + list(extra)
+
+
+def steps_after(rounds: int) -> int:
+    """global_step after that many training rounds of 2 ranks: round 0 (seeding the statistics) counts too."""
+    return (rounds + 1) * STEPS_PER_ROUND
 
 
 def torchrun(tmp_path: Path, run_name: Optional[str], rounds: int, *extra: str, launcher: tuple[str, ...] = ()) -> list[str]:
@@ -183,7 +189,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_round(runs):
     assert "[rank" not in i.stderr, i.output()  # no worker traceback
     # the checkpoint holds the last completed round; the resume hint keeps every flag of the run
     state = runs["stopped"]
-    assert state["iteration"] == k and state["global_step"] == k * STEPS_PER_ROUND
+    assert state["iteration"] == k and state["global_step"] == steps_after(k)
     assert "--resume auto --run-name r" in runs["line"] and "--save-interval 2" in runs["line"]
     for rank in (0, 1):  # both ranks trained exactly k rounds
         assert (runs["tmp"] / "debug_i" / f"rank{rank}_iter{k}.pt").exists()
@@ -198,7 +204,7 @@ def test_checkpoint_at_the_stop_is_the_uninterrupted_state_exactly(runs):
     params = torch.cat([v.reshape(-1) for k_, v in state["actor"].items()])
     assert torch.equal(params, u0["params"])
     assert_same_state(state["obs_rms_state"], u0["obs_rms"], "obs_rms")
-    assert state["obs_rms_state"]["count"] == k * STEPS_PER_ROUND  # never multiplied by the world size
+    assert state["obs_rms_state"]["count"] == steps_after(k)  # never multiplied by the world size
     assert len(state["rank_states"]) == 2
     for rank, saved in enumerate(state["rank_states"]):
         u = dump(tmp / "debug_u", rank, k)
@@ -213,7 +219,7 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     u_rows, r_rows = read_csv(tmp / "runs" / "u" / "metrics.csv"), read_csv(tmp / "runs" / "r" / "metrics.csv")
     # metrics.csv appended: every round once, counters exact
     assert [int(r["iteration"]) for r in r_rows] == list(range(1, ROUNDS + 1))
-    assert [int(r["global_step"]) for r in r_rows] == [STEPS_PER_ROUND * i for i in range(1, ROUNDS + 1)]
+    assert [int(r["global_step"]) for r in r_rows] == [steps_after(i) for i in range(1, ROUNDS + 1)]
     # up to the stop the two runs are the same computation
     for u, r in zip(u_rows[:k], r_rows[:k]):
         assert [u[c] for c in DETERMINISTIC] == [r[c] for c in DETERMINISTIC]
@@ -224,7 +230,7 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     assert_same_state(dump(tmp / "debug_r", 0, k + 1)["frozen_obs_rms"], dump(tmp / "debug_u", 0, k + 1)["frozen_obs_rms"],
                       "statistics the actors used in the first resumed round")
     u_end, r_end = dump(tmp / "debug_u", 0, ROUNDS), dump(tmp / "debug_r", 0, ROUNDS)
-    assert r_end["obs_rms"]["count"] == u_end["obs_rms"]["count"] == ROUNDS * STEPS_PER_ROUND
+    assert r_end["obs_rms"]["count"] == u_end["obs_rms"]["count"] == steps_after(ROUNDS)
     # Parameters: the resumed run moved from the same round-k point on other episodes. Tolerance
     # (docs/reliability.md): their distance stays below half of how far the uninterrupted run moved since
     # round k. Measured 0.30-0.35; a resume that loses the Adam moments measures 0.77 three rounds on.
@@ -236,19 +242,50 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     # ranks stay identical after the resume (param_sync_interval 1)
     assert torch.equal(r_end["params"], dump(tmp / "debug_r", 1, ROUNDS)["params"])
     # TensorBoard continues at the right step: no point twice, none missing
-    assert tensorboard_steps(tmp / "runs" / "r", "charts/SPS") == [STEPS_PER_ROUND * i for i in range(1, ROUNDS + 1)]
+    assert tensorboard_steps(tmp / "runs" / "r", "charts/SPS") == [steps_after(i) for i in range(1, ROUNDS + 1)]
     assert f"resumed from {tmp / 'runs' / 'r' / 'model_r.pt'} at round {k}" in runs["r"].stdout
 
 
 def test_resume_on_another_world_size(runs, tmp_path):
     """The 2-rank checkpoint on one learner: rank 0's state for everyone, said in a line, then training goes on."""
     k = stopped_round(runs)
-    run = Launch([sys.executable, *train_args(tmp_path, "w", 0, "--total-timesteps", str(k * STEPS_PER_ROUND + 64),
+    run = Launch([sys.executable, *train_args(tmp_path, "w", 0, "--total-timesteps", str(steps_after(k) + 64),
                                               "--resume", str(runs["tmp"] / "stopped.pt"))], tmp_path, "w")
     assert run.wait() == 0, run.output()
     assert "the checkpoint was written by 2 rank(s), this run has 1" in run.stdout, run.output()
     state = torch.load(tmp_path / "runs" / "w" / "model_w.pt", weights_only=True)
-    assert state["global_step"] == k * STEPS_PER_ROUND + 64 and len(state["rank_states"]) == 1
+    assert state["global_step"] == steps_after(k) + 64 and len(state["rank_states"]) == 1
+
+
+def test_learning_rate_follows_the_steps_across_resumes(runs, tmp_path):
+    """The annealed rate of a round is lr0 * (1 - steps before it / total_timesteps) on every row: before the
+    stop (2 ranks), after a resume on 1 rank (another round size), and after one with a larger total."""
+    lr0 = Config().learning_rate
+
+    def check(rows: list[dict[str, str]], total: int, step_before: int) -> None:
+        for row in rows:
+            assert float(row["charts/learning_rate"]) == pytest.approx(lr0 * (1 - step_before / total), rel=1e-6), row
+            step_before = int(row["global_step"])
+
+    k, total = stopped_round(runs), steps_after(ROUNDS)
+    check(read_csv(runs["tmp"] / "runs" / "r" / "metrics.csv")[:k], total, STEPS_PER_ROUND)  # after round 0
+    for name, run_total in (("one_rank", total), ("longer", total + 4 * 64)):
+        run = Launch([sys.executable, *train_args(tmp_path, name, 0, "--total-timesteps", str(run_total),
+                                                  "--resume", str(runs["tmp"] / "stopped.pt"))], tmp_path, name)
+        assert run.wait() == 0, run.output()
+        rows = read_csv(tmp_path / "runs" / name / "metrics.csv")
+        assert int(rows[-1]["global_step"]) == run_total and len(rows) == (run_total - steps_after(k)) // 64
+        check(rows, run_total, steps_after(k))
+
+
+def test_learning_rate_of_the_command_line_wins_over_the_checkpoints(runs, tmp_path):
+    k = stopped_round(runs)
+    run = Launch([sys.executable, *train_args(tmp_path, "lr", 0, "--total-timesteps", str(steps_after(k) + 64),
+                                              "--resume", str(runs["tmp"] / "stopped.pt"), "--no-anneal-lr",
+                                              "--learning-rate", "0.001")], tmp_path, "lr")
+    assert run.wait() == 0, run.output()
+    assert float(read_csv(tmp_path / "runs" / "lr" / "metrics.csv")[-1]["charts/learning_rate"]) == 0.001
+    assert "learning_rate 0.001 (this run's) replaces the checkpoint's" in run.stdout, run.output()
 
 
 # ----------------------------------------------------------------------------------- Ctrl-C, twice
@@ -303,7 +340,7 @@ def test_elastic_restart_after_sigkill_continues_from_the_last_checkpoint(tmp_pa
     assert resumed and int(resumed.group(1)) % 2 == 0, run.output()  # the last save (every 2 rounds) before the kill
     rows = read_csv(run_dir / "metrics.csv")
     assert [int(r["iteration"]) for r in rows] == list(range(1, 9))  # rounds redone after the restart appear once
-    assert tensorboard_steps(run_dir, "charts/SPS") == [STEPS_PER_ROUND * i for i in range(1, 9)]
+    assert tensorboard_steps(run_dir, "charts/SPS") == [steps_after(i) for i in range(1, 9)]
     assert torch.load(run_dir / f"model_{run_dir.name}.pt", weights_only=True)["iteration"] == 8
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["torchelastic_restart_count"] == 1 and saved["torchelastic_run_id"]
@@ -324,7 +361,7 @@ def test_rank_killed_without_restarts_stops_every_rank(tmp_path):
 FAULTS = {
     "actor exception": ("scripted_env:ScriptedRaiseRank1-v0",
                         r"rank 1 actor 0 failed \(env 1, step 6, round 3\): EnvError: env 1 failed at step 6 of round 3: "
-                        r"RuntimeError: scripted failure at lifetime step 70"),
+                        r"RuntimeError: scripted failure at lifetime step 102"),
     "non-finite reward": ("scripted_env:ScriptedNaNRewardRank1-v0",
                           r"rank 1 actor 0 failed \(env 1, step 6, round 3\): EnvError: env 1 returned a non-finite reward "
                           r"nan at step 6 of round 3"),
@@ -554,7 +591,8 @@ def _process_tree(root: int) -> set[int]:
 
 def test_our_launch_of_several_learners_listens_on_loopback_only(tmp_path):
     # `python train.py --num-gpus 2` on a 2-GPU box takes this path; here on CPU.
-    code = "import sys; from ppo_ddp.trainer import launch_learners; launch_learners(2, sys.argv[1:])"
+    code = ("import sys; from ppo_ddp.topology import TrainingTopology; from ppo_ddp.trainer import launch_learners; "
+            "launch_learners(TrainingTopology(2, 1, \"cpu\"), sys.argv[1:])")
     run = Launch([sys.executable, "-c", code, *train_args(tmp_path, "l", 40)], tmp_path, "l", debug=tmp_path / "debug")
     run.wait_for_dump(1, 2)
     addresses = _listening_sockets(_process_tree(run.proc.pid))
@@ -582,7 +620,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     nodes = [Launch([*launcher, *args], tmp_path, f"node{n}", debug=tmp_path / "debug") for n in range(2)]
     for node in nodes:
         assert node.wait() == 0, node.output()
-    rounds = [(dump(tmp_path / "debug", 0, i), dump(tmp_path / "debug", 1, i)) for i in range(1, 5)]
+    rounds = [(dump(tmp_path / "debug", 0, i), dump(tmp_path / "debug", 1, i)) for i in range(0, 5)]  # 0: seeding
     a, b = rounds[0]
     assert (a["rank"], b["rank"], a["world_size"], b["world_size"]) == (0, 1, 2, 2)
     assert a["local_rank"] == b["local_rank"] == 0 and {a["node_rank"], b["node_rank"]} == {0, 1}

@@ -75,13 +75,13 @@ def test_exit_codes():
      "python train.py --config 'my cfg.yaml' --resume auto --run-name r1"),
 ])
 def test_resume_command_keeps_the_flags_and_names_the_run(argv, expected, monkeypatch):
-    for var in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "PPO_DDP_LAUNCHER"):
+    for var in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "PPO_DDP_ACTORS_PER_LEARNER"):
         monkeypatch.delenv(var, raising=False)
     assert resume_command("r1", argv) == expected
 
 
 def test_resume_command_under_torchrun(monkeypatch):
-    monkeypatch.delenv("PPO_DDP_LAUNCHER", raising=False)
+    monkeypatch.delenv("PPO_DDP_ACTORS_PER_LEARNER", raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_ddp.topology import DEFAULT_ACTORS_PER_GPU, TrainingTopology, resolve_rank_device, resolve_training_topology
+from ppo_ddp.topology import (
+    DEFAULT_ACTORS_PER_GPU, Launch, TrainingTopology, resolve_rank_device, resolve_training_topology,
+)
 
 
-def topo(num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False) -> TrainingTopology:
-    return resolve_training_topology(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available=mps_available)
+def topo(num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False,
+         launch=Launch()) -> TrainingTopology:
+    return resolve_training_topology(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available, launch)
+
+
+def own_launch(num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False) -> TrainingTopology:
+    """What every worker of our own launch decides: the launcher's decision handed down, on the same devices."""
+    chosen = topo(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available)
+    launch = Launch(chosen.num_learners, chosen.num_learners, granted_actors=chosen.actors_per_learner)
+    return topo(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available, launch)
 
 
 # ---- resolve_training_topology ---------------------------------------------------------------------------
@@ -86,6 +96,35 @@ def test_non_positive_counts_are_an_error_naming_the_field(field, kwargs):
 def test_negative_available_gpus_is_an_error():
     with pytest.raises(ValueError, match="available_gpus=-1"):
         topo(available_gpus=-1)
+
+
+# ---- the same decision in the workers of our own launch, and under a user's torchrun ----------------------
+
+@pytest.mark.parametrize("num_actors, num_gpus, actors_per_gpu, available_gpus, expected", [
+    (12, 4, None, 2, TrainingTopology(2, 3, "cuda")),  # was 6 actors per learner: recomputed from 2 learners
+    (12, 4, 3, 2, TrainingTopology(2, 3, "cuda")),     # was a refusal: 12 != 2 * 3
+    (8, 4, None, 3, TrainingTopology(3, 2, "cuda")),   # was a refusal: 8 does not split over 3
+    (8, 4, 2, 4, TrainingTopology(4, 2, "cuda")),
+    (1, 1, None, 1, TrainingTopology(1, 1, "cuda")),   # the legacy single-actor config
+])
+def test_our_own_launch_keeps_the_actors_decided_before_it(num_actors, num_gpus, actors_per_gpu, available_gpus, expected):
+    assert topo(num_actors, num_gpus, actors_per_gpu, available_gpus) == expected
+    assert own_launch(num_actors, num_gpus, actors_per_gpu, available_gpus) == expected
+
+
+def test_under_a_users_torchrun_the_world_size_stands_for_num_gpus():
+    assert topo(num_actors=8, launch=Launch(4, 4), available_gpus=4) == TrainingTopology(4, 2, "cuda")
+    assert topo(actors_per_gpu=3, launch=Launch(2, 2), available_gpus=0) == TrainingTopology(2, 3, "cpu")
+    assert topo(num_actors=2, launch=Launch(1, 1), available_gpus=0, mps_available=True) == TrainingTopology(1, 2, "mps")
+    assert topo(num_actors=4, launch=Launch(2, 2), available_gpus=0, mps_available=True).device == "cpu"  # no MPS backend
+    with pytest.raises(ValueError, match="num_actors=6 does not split evenly over num_gpus=4"):
+        topo(num_actors=6, launch=Launch(4, 4), available_gpus=4)
+
+
+def test_a_users_torchrun_with_fewer_visible_gpus_than_ranks_is_refused():
+    with pytest.raises(ValueError, match=r"4 processes on this node but only 2 CUDA device\(s\)"):
+        topo(launch=Launch(4, 4), available_gpus=2)
+    assert topo(launch=Launch(8, 4), available_gpus=4) == TrainingTopology(8, DEFAULT_ACTORS_PER_GPU, "cuda")  # 2 nodes
 
 
 # ---- resolve_rank_device (torchrun) ----------------------------------------------------------------------

@@ -42,14 +42,19 @@ def run(args: list[str], tmp_path: Path, debug: bool = True) -> subprocess.Compl
 
 
 def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    total = ROUNDS * 128
+    total = (ROUNDS + 1) * 128  # round 0 seeds the statistics, then ROUNDS rounds train
     return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
                 *SMALL, "--total-timesteps", str(total), "--runs-dir", str(tmp_path / "runs"), "--run-name", "t",
                 *extra], tmp_path)
 
 
+def dump(tmp_path: Path, rank: int, iteration: int) -> dict:
+    return torch.load(tmp_path / "debug" / f"rank{rank}_iter{iteration}.pt", weights_only=True)
+
+
 def dumps(tmp_path: Path, rank: int) -> list[dict]:
-    return [torch.load(tmp_path / "debug" / f"rank{rank}_iter{i}.pt", weights_only=True) for i in range(1, ROUNDS + 1)]
+    """The rank's dumps of the rounds that trained (round 0 only seeds the statistics)."""
+    return [dump(tmp_path, rank, i) for i in range(1, ROUNDS + 1)]
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -70,7 +75,7 @@ def test_torchrun_writes_every_output(two_rank_run):
     run_dir = tmp_path / "runs" / "t"
     rows = read_csv(run_dir / "metrics.csv")
     assert [int(r["iteration"]) for r in rows] == list(range(1, ROUNDS + 1))
-    assert [int(r["global_step"]) for r in rows] == [128 * i for i in range(1, ROUNDS + 1)]
+    assert [int(r["global_step"]) for r in rows] == [128 * (i + 1) for i in range(1, ROUNDS + 1)]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -82,7 +87,7 @@ def test_torchrun_writes_every_output(two_rank_run):
                 "losses/explained_variance", "charts/buffer_size"):
         assert tag in tags, tag
         assert tag in rows[0], tag
-    assert [e.step for e in events.Scalars("charts/SPS")] == [128 * i for i in range(1, ROUNDS + 1)]
+    assert [e.step for e in events.Scalars("charts/SPS")] == [128 * (i + 1) for i in range(1, ROUNDS + 1)]
     assert events.Scalars("charts/buffer_size")[0].value == 64  # this rank's samples, recorded before clearing
 
     for name in ("model_t.pt", "model_t_best.pt"):
@@ -115,7 +120,7 @@ def test_logged_metrics_are_averages_over_ranks(two_rank_run):
 
 def test_observation_statistics_are_global_and_identical(two_rank_run):
     tmp_path, _ = two_rank_run
-    seen = []
+    seen = [dump(tmp_path, rank, 0)["obs"].reshape(-1, 11).double().numpy() for rank in (0, 1)]  # round 0: raw
     for rounds in zip(dumps(tmp_path, 0), dumps(tmp_path, 1)):
         for d in rounds:
             obs = d["obs"].reshape(-1, d["obs"].shape[-1]).double().numpy()
@@ -132,6 +137,19 @@ def test_observation_statistics_are_global_and_identical(two_rank_run):
         np.testing.assert_allclose(a["obs_rms"]["var"].numpy(), everything.var(0), rtol=1e-3, atol=1e-5)
 
 
+def test_the_first_update_sees_normalised_observations(two_rank_run):
+    """Round 0 seeds the statistics from both ranks' raw observations and trains nothing; the actors of round 1,
+    whose data the first update trains on, normalise with them."""
+    tmp_path, proc = two_rank_run
+    for rank in (0, 1):
+        zero, first = dump(tmp_path, rank, 0), dump(tmp_path, rank, 1)
+        assert zero["frozen_obs_rms"] is None and torch.equal(zero["params"], dump(tmp_path, 1 - rank, 0)["params"])
+        assert first["frozen_obs_rms"] is not None and first["frozen_obs_rms"]["count"] == 128
+        for key in ("mean", "var"):  # round 1's statistics are round 0's
+            assert torch.equal(first["frozen_obs_rms"][key], zero["obs_rms"][key])
+    assert "round 0: 128 steps of the initial policy seed the statistics (not trained on)" in proc.stdout
+
+
 def test_advantages_are_normalised_with_statistics_of_all_ranks(two_rank_run):
     tmp_path, _ = two_rank_run
     for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1)):
@@ -145,14 +163,23 @@ def test_advantages_are_normalised_with_statistics_of_all_ranks(two_rank_run):
 def test_param_sync_interval_three(tmp_path):
     torchrun(tmp_path, "--param-sync-interval", "3")
     same = [torch.equal(a["params"], b["params"]) for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1))]
-    assert same == [False, False, True, False]
+    assert same == [False, False, True, True]  # round 3 syncs; round 4 is not a sync round but the last one
+    # Every checkpoint shows the ranks' mean policy at its top level, and the run ends with one policy.
+    for name in ("model_t.pt", "model_t_best.pt"):
+        state = torch.load(tmp_path / "runs" / "t" / name, weights_only=True)
+        for key, value in state["actor"].items():
+            ranks = torch.stack([r["actor"][key] for r in state["rank_states"]])
+            assert torch.allclose(value, ranks.mean(0), rtol=0, atol=1e-7), (name, key)
+    final = torch.load(tmp_path / "runs" / "t" / "model_t.pt", weights_only=True)
+    a, b = (torch.cat([v.reshape(-1) for v in r["actor"].values()]) for r in final["rank_states"])
+    assert torch.equal(a, b) and torch.equal(a, dumps(tmp_path, 0)[-1]["params"])
 
 
 def test_single_process_run_then_evaluate(tmp_path):
     proc = run([sys.executable, "train.py", *SMALL, "--total-timesteps", "192", "--runs-dir", str(tmp_path / "runs"),
                 "--run-name", "solo"], tmp_path)
     run_dir = tmp_path / "runs" / "solo"
-    assert len(read_csv(run_dir / "metrics.csv")) == 3  # 192 steps / 64 per round
+    assert len(read_csv(run_dir / "metrics.csv")) == 2  # 192 steps / 64 per round, round 0 seeding the statistics
     assert "done:" in proc.stdout
     out = run([sys.executable, "-m", "ppo_ddp.evaluate", str(run_dir / "model_solo.pt"), "--episodes", "2"], tmp_path, debug=False)
     assert "mean return" in out.stdout and "2 deterministic episodes" in out.stdout
@@ -160,10 +187,25 @@ def test_single_process_run_then_evaluate(tmp_path):
     assert math.isfinite(value)
 
 
+def test_our_launch_hands_each_worker_the_actors_the_topology_chose(tmp_path):
+    # `python train.py --num-actors 4 --num-gpus 4 --actors-per-gpu 1` on a box with 2 GPUs: 2 learners with
+    # 1 actor each. Only the launcher sees the (faked) GPUs; its workers train on this machine's CPU.
+    code = ("import sys, torch; torch.cuda.device_count = lambda: 2; sys.argv = sys.argv[1:]; "
+            "from ppo_ddp.config import parse_config; from ppo_ddp.trainer import main; main(parse_config())")
+    proc = run([sys.executable, "-c", code, "train.py", *SMALL, "--num-actors", "4", "--num-gpus", "4",
+                "--total-timesteps", "384", "--runs-dir", str(tmp_path / "runs"), "--run-name", "granted"],
+               tmp_path, debug=False)
+    assert "starting 2 learners with 1 actor(s) each" in proc.stdout
+    saved = yaml.safe_load((tmp_path / "runs" / "granted" / "config.yaml").read_text())
+    assert (saved["world_size"], saved["actors_per_learner"], saved["steps_per_round"]) == (2, 1, 128)
+    assert len(read_csv(tmp_path / "runs" / "granted" / "metrics.csv")) == 2
+
+
 def test_python_train_launches_several_learners_like_torchrun(tmp_path):
     # What `python train.py --num-gpus 2` does on a 2-GPU box, run here on CPU: the same launch path.
-    code = "import sys; from ppo_ddp.trainer import launch_learners; launch_learners(2, sys.argv[1:])"
-    run([sys.executable, "-c", code, "train.py", *SMALL, "--total-timesteps", "256", "--runs-dir", str(tmp_path / "runs"),
+    code = ("import sys; from ppo_ddp.topology import TrainingTopology; from ppo_ddp.trainer import launch_learners; "
+            "launch_learners(TrainingTopology(2, 1, \"cpu\"), sys.argv[1:])")
+    run([sys.executable, "-c", code, "train.py", *SMALL, "--total-timesteps", "384", "--runs-dir", str(tmp_path / "runs"),
          "--run-name", "launched"], tmp_path, debug=False)
     saved = yaml.safe_load((tmp_path / "runs" / "launched" / "config.yaml").read_text())
     assert saved["world_size"] == 2
