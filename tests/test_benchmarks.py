@@ -68,8 +68,12 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
     torchrun_row = next(cols for name, cols in rows.items() if "torchrun" in name)
     assert "worker" in " ".join(torchrun_row)  # the actors' peak RSS too
     sps = [(name.startswith("ppo_ddp"), float(cols[0].replace(",", ""))) for name, cols in rows.items()]
-    expected = max(v for ours, v in sps if ours) / max(v for ours, v in sps if not ours)
-    assert lines[-1].startswith("ratio ") and float(lines[-1].split()[1]) == pytest.approx(expected, abs=0.006)
+    ours, theirs = max(v for mine, v in sps if mine), max(v for mine, v in sps if not mine)
+    expected = ours / theirs
+    # The table shows whole SPS (each off by up to 0.5) and the ratio two decimals (off by up to 0.005): the ratio
+    # recomputed from the table may differ by that much, more so when a busy machine makes the SPS small.
+    rounding = 0.005 + expected * (0.5 / ours + 0.5 / theirs) + 1e-9
+    assert lines[-1].startswith("ratio ") and float(lines[-1].split()[1]) == pytest.approx(expected, abs=rounding)
 
     mem = subprocess.run([sys.executable, "scripts/bench_throughput.py", "--memory-rounds", "22",
                           "--work-dir", str(tmp_path / "mem")], cwd=ROOT, env=env, capture_output=True, text=True,
