@@ -4,6 +4,6 @@ from ppo_ddp.config import parse_config
 
 if __name__ == "__main__":
     cfg = parse_config()
-    from ppo_ddp.trainer import main
+    from ppo_ddp.launch import main
 
     main(cfg)

@@ -56,7 +56,16 @@ FLAG_SENTINEL = 255
 
 PARAMETER_FIELDS = ("weights", "obs_mean", "obs_var", "obs_count", "ret_mean", "ret_var", "ret_count")
 ROLLOUT_FIELDS = (
-    "obs", "actions", "logp", "values", "next_values", "advantages", "returns", "rewards", "terminated", "truncated",
+    "obs",
+    "actions",
+    "logp",
+    "values",
+    "next_values",
+    "advantages",
+    "returns",
+    "rewards",
+    "terminated",
+    "truncated",
 )
 FLAG_FIELDS = ("terminated", "truncated")
 
@@ -139,11 +148,13 @@ class SharedBuffers:
             array = np.ndarray(shape, dtype=dtype, buffer=shm.buf, offset=offsets[name])
             self.arrays[name] = array
             setattr(self, name, torch.from_numpy(array))
-        self._rollout_bytes = np.ndarray((self._rollout_size,), dtype=np.uint8, buffer=shm.buf, offset=self._rollout_start)
+        self._rollout_bytes = np.ndarray(
+            (self._rollout_size,), dtype=np.uint8, buffer=shm.buf, offset=self._rollout_start
+        )
 
     # ---- lifetime -------------------------------------------------------------------------------
     @classmethod
-    def create(cls, spec: BufferSpec) -> "SharedBuffers":
+    def create(cls, spec: BufferSpec) -> SharedBuffers:
         size = spec.layout()[3]
         shm = shared_memory.SharedMemory(create=True, size=size)
         try:
@@ -158,7 +169,7 @@ class SharedBuffers:
         return buffers
 
     @classmethod
-    def attach(cls, spec: BufferSpec, name: str) -> "SharedBuffers":
+    def attach(cls, spec: BufferSpec, name: str) -> SharedBuffers:
         return cls(spec, shared_memory.SharedMemory(name=name), owner=False)
 
     def pin(self) -> None:
@@ -168,7 +179,9 @@ class SharedBuffers:
         ptr = self._rollout_bytes.ctypes.data
         err = torch.cuda.cudart().cudaHostRegister(ptr, self._rollout_size, 0)
         if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of the {self._rollout_size}-byte rollout buffer failed with CUDA error {int(err)}")
+            raise RuntimeError(
+                f"cudaHostRegister of the {self._rollout_size}-byte rollout buffer failed with CUDA error {int(err)}"
+            )
         self._pinned_ptr = ptr
 
     @property
@@ -185,7 +198,9 @@ class SharedBuffers:
                 ptr, self._pinned_ptr = self._pinned_ptr, None
                 err = torch.cuda.cudart().cudaHostUnregister(ptr)
                 if int(err) != 0:
-                    warnings.warn(f"cudaHostUnregister of the rollout buffer failed with CUDA error {int(err)}", stacklevel=2)
+                    warnings.warn(
+                        f"cudaHostUnregister of the rollout buffer failed with CUDA error {int(err)}", stacklevel=2
+                    )
         finally:
             for name in self.arrays:
                 setattr(self, name, None)

@@ -45,32 +45,45 @@ class RoundMemory:
 def round_memory(spec: BufferSpec, learners_on_node: int) -> RoundMemory:
     """What learners_on_node learners with rollouts of this spec, and their actors, hold during a round."""
     samples = spec.rollout_length * spec.envs_per_actor  # per actor
-    actor = (8 * (spec.rollout_length + 1) * spec.envs_per_actor * spec.obs_dim  # raw observations, float64
-             + 10 * samples  # rewards (float64) and the two flags
-             + 4 * samples * spec.act_dim  # the round's action noise, float32
-             + ENV_RESIDENT_BYTES * spec.envs_per_actor)
-    shuffled = 4 * spec.num_actors * samples * (spec.obs_dim + spec.act_dim + 4)  # obs, actions, logp, values, adv, returns
-    return RoundMemory(shared=learners_on_node * spec.layout()[3],
-                       private=learners_on_node * (spec.num_actors * actor + shuffled))
+    actor = (
+        8 * (spec.rollout_length + 1) * spec.envs_per_actor * spec.obs_dim  # raw observations, float64
+        + 10 * samples  # rewards (float64) and the two flags
+        + 4 * samples * spec.act_dim  # the round's action noise, float32
+        + ENV_RESIDENT_BYTES * spec.envs_per_actor
+    )
+    shuffled = (
+        4 * spec.num_actors * samples * (spec.obs_dim + spec.act_dim + 4)
+    )  # obs, actions, logp, values, adv, returns
+    return RoundMemory(
+        shared=learners_on_node * spec.layout()[3], private=learners_on_node * (spec.num_actors * actor + shuffled)
+    )
 
 
-def check_round_fits(spec: BufferSpec, learners_on_node: int, free_shm: Optional[int], available: Optional[int]) -> None:
+def check_round_fits(
+    spec: BufferSpec, learners_on_node: int, free_shm: Optional[int], available: Optional[int]
+) -> None:
     """ConfigError (one line: the fields, the size needed, the space available) when the round cannot fit.
 
     free_shm / available: free bytes of /dev/shm and available memory (None where the system does not say).
     """
     need = round_memory(spec, learners_on_node)
-    fields = (f"{learners_on_node} learner(s) x actors_per_gpu {spec.num_actors} x envs_per_actor {spec.envs_per_actor} "
-              f"x rollout_length {spec.rollout_length}")
+    fields = (
+        f"{learners_on_node} learner(s) x actors_per_gpu {spec.num_actors} x envs_per_actor {spec.envs_per_actor} "
+        f"x rollout_length {spec.rollout_length}"
+    )
     head = f"envs_per_actor={spec.envs_per_actor}: the round of this node ({fields})"
     if free_shm is not None and need.shared > free_shm:
-        raise ConfigError(f"{head} needs {need.shared / GIB:.2f} GiB of shared memory for its rollout buffers, "
-                          f"{SHM_PATH} has {free_shm / GIB:.2f} GiB free: use fewer envs or shorter rollouts, or "
-                          f"enlarge {SHM_PATH} (docker: --shm-size)")
+        raise ConfigError(
+            f"{head} needs {need.shared / GIB:.2f} GiB of shared memory for its rollout buffers, "
+            f"{SHM_PATH} has {free_shm / GIB:.2f} GiB free: use fewer envs or shorter rollouts, or "
+            f"enlarge {SHM_PATH} (docker: --shm-size)"
+        )
     if available is not None and need.total > available:
-        raise ConfigError(f"{head} needs at least {need.total / GIB:.2f} GiB of memory ({need.shared / GIB:.2f} GiB "
-                          f"rollout buffers, {need.private / GIB:.2f} GiB for actors, envs and the update), "
-                          f"{available / GIB:.2f} GiB is available: use fewer envs or shorter rollouts")
+        raise ConfigError(
+            f"{head} needs at least {need.total / GIB:.2f} GiB of memory ({need.shared / GIB:.2f} GiB "
+            f"rollout buffers, {need.private / GIB:.2f} GiB for actors, envs and the update), "
+            f"{available / GIB:.2f} GiB is available: use fewer envs or shorter rollouts"
+        )
 
 
 def free_shared_memory() -> Optional[int]:

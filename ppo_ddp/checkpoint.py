@@ -1,8 +1,10 @@
 """Checkpoint files: `{"actor": state_dict, "obs_rms_state": state | None, ...}`, atomic and weights_only-loadable.
 
-The two keys of Method.md are mandatory. Resume data (optimizer, iteration, global step, return
-statistics, RNG, config) sits beside them as tensors and plain Python types only, so
-`torch.load(path, weights_only=True)` reads every file we write and never unpickles code.
+The two keys every reader relies on are mandatory: "actor" (the policy's state_dict) and "obs_rms_state" (the
+observation statistics or None). Resume data (optimizer, round, global step, return statistics, RNG, every
+rank's state, config) sits beside them as tensors and plain Python types only, so
+`torch.load(path, weights_only=True)` reads every file we write and never unpickles code. The format, key by
+key, is in docs/design.md ("the checkpoint"); when and what is saved is ppo_ddp/checkpointer.py's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ppo_ddp.config import Config, ConfigError
 
 REQUIRED_KEYS = ("actor", "obs_rms_state")
 
@@ -73,8 +77,46 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, garbage bytes, pickled objects: all one answer for the user
-        raise CheckpointError(f"checkpoint {path}: unreadable (truncated, corrupt or not a torch file): {_load_error_reason(e)}") from None
+        raise CheckpointError(
+            f"checkpoint {path}: unreadable (truncated, corrupt or not a torch file): {_load_error_reason(e)}"
+        ) from None
     if not isinstance(payload, dict) or any(k not in payload for k in REQUIRED_KEYS):
         keys = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
-        raise CheckpointError(f"checkpoint {path}: not a ppo_ddp checkpoint (needs keys {list(REQUIRED_KEYS)}, has {keys})")
+        raise CheckpointError(
+            f"checkpoint {path}: not a ppo_ddp checkpoint (needs keys {list(REQUIRED_KEYS)}, has {keys})"
+        )
     return payload
+
+
+def check_compatible(
+    state: dict[str, Any], cfg: Config, model: torch.nn.Module, obs_dim: int, act_dim: int, path: Path
+) -> None:
+    """A checkpoint this run can resume: ours, complete, of the same env and network, of this learner's kind.
+    ConfigError (one line, exit 2) naming what differs."""
+    for key in ("optimizer", "generator", "iteration", "global_step", "best_return", "env_id"):
+        if key not in state:
+            raise ConfigError(
+                f"resume={str(path)!r}: checkpoint has no {key!r} (a policy-only file cannot resume training)"
+            )
+    if state.get("env_id") != cfg.env_id or state.get("obs_dim") != obs_dim or state.get("act_dim") != act_dim:
+        raise ConfigError(
+            f"resume={str(path)!r}: checkpoint is for {state.get('env_id')} (obs {state.get('obs_dim')}, "
+            f"act {state.get('act_dim')}), this run is {cfg.env_id} (obs {obs_dim}, act {act_dim})"
+        )
+    saved = state.get("config") or {}
+    own = model.state_dict()
+    theirs = state["actor"]
+    shapes_differ = set(own) != set(theirs) or any(tuple(theirs[k].shape) != tuple(own[k].shape) for k in own)
+    if shapes_differ or saved.get("activation", cfg.activation) != cfg.activation:
+        raise ConfigError(
+            f"resume={str(path)!r}: checkpoint's network is hidden_sizes {saved.get('hidden_sizes', '?')} "
+            f"activation {saved.get('activation', '?')}, this run's is hidden_sizes {list(cfg.hidden_sizes)} "
+            f"activation {cfg.activation}"
+        )
+    tensors = [len(group.get("params", ())) for group in state["optimizer"].get("param_groups", [])]
+    if tensors != [1]:
+        raise ConfigError(
+            f"resume={str(path)!r}: checkpoint's optimizer state has {sum(tensors)} parameter tensors, this "
+            f"learner steps one flat tensor (a checkpoint of an earlier ppo_ddp): it can be evaluated but "
+            f"not resumed"
+        )

@@ -12,13 +12,15 @@ import dataclasses
 import os
 import sys
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal, Optional
 
 import tyro
 
 from ppo_ddp.topology import resolve_actors_per_learner
+
 
 class ConfigError(ValueError):
     """A config value a user must fix; the message names the field, the value and what is allowed."""
@@ -38,7 +40,8 @@ class Config:
 
     # ---- processes ----------------------------------------------------------
     num_gpus: int = 1
-    """Learners (one per GPU) for `python train.py`; fewer are used when fewer GPUs are visible, one on CPU. Under torchrun the world size decides."""
+    """Learners (one per GPU) for `python train.py`; fewer are used when fewer GPUs are visible, one on CPU.
+    Under torchrun the world size decides."""
     num_actors: Optional[int] = None
     """Actor processes over all learners; must equal num_gpus * actors_per_gpu when both are given."""
     actors_per_gpu: Optional[int] = None
@@ -111,15 +114,24 @@ class Config:
     save_interval: int = 5
     """Write the latest checkpoint every this many rounds (and at the end, and on a stop signal)."""
     resume: Optional[str] = None
-    """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name (a fresh start if it has none)."""
+    """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name (a fresh start if it has
+    none)."""
 
     config: Optional[str] = None
     """YAML file whose keys set defaults for the fields above; flags override it."""
 
 
 COUNT_FIELDS = (
-    "total_timesteps", "num_gpus", "num_actors", "actors_per_gpu", "envs_per_actor",
-    "rollout_length", "param_sync_interval", "update_epochs", "num_minibatches", "save_interval",
+    "total_timesteps",
+    "num_gpus",
+    "num_actors",
+    "actors_per_gpu",
+    "envs_per_actor",
+    "rollout_length",
+    "param_sync_interval",
+    "update_epochs",
+    "num_minibatches",
+    "save_interval",
 )
 POSITIVE_FLOAT_FIELDS = ("learning_rate", "clip_coef", "max_grad_norm", "obs_clip", "reward_clip", "actor_timeout")
 NON_NEGATIVE_FLOAT_FIELDS = ("ent_coef", "vf_coef")
@@ -134,7 +146,8 @@ def _fail(name: str, value: Any, allowed: str) -> ConfigError:
 
 
 def _coerce(name: str, annotation: Any, value: Any) -> Any:
-    """Check a YAML value against the field's type, converting only where YAML cannot say it (list → tuple, int → float)."""
+    """Check a YAML value against the field's type, converting only where YAML cannot say it (list → tuple,
+    int → float)."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is typing.Union:  # Optional[X]
@@ -147,7 +160,9 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
             raise _fail(name, value, f"must be one of {', '.join(map(str, args))}")
         return value
     if origin is tuple:
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
             raise _fail(name, value, "must be a list of integers")
         return tuple(value)
     if annotation is bool:
@@ -237,7 +252,8 @@ def check_round_split(cfg: Config, actors: int) -> None:
     batch = actors * cfg.envs_per_actor * cfg.rollout_length
     if batch % cfg.num_minibatches != 0:
         raise _fail(
-            "num_minibatches", cfg.num_minibatches,
+            "num_minibatches",
+            cfg.num_minibatches,
             f"must divide the {batch} samples a learner collects per round "
             f"(actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length})",
         )

@@ -10,14 +10,15 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from contextlib import contextmanager
 
 from ppo_ddp.config import Config, ConfigError, check_round_split
 from ppo_ddp.normalization import Moments, merge_rms_states
@@ -72,6 +73,17 @@ class DistContext:
         return self.rank == 0
 
 
+def is_local_main() -> bool:
+    """Rank 0 of this node (or the only process): the one that prints what every rank of the node would."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def lost_contact(e: BaseException) -> str:
+    """What a rank says when a collective broke because a peer died or was stopped."""
+    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    return f"lost contact with another rank, which died or was stopped ({first})"
+
+
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
@@ -98,8 +110,14 @@ def training_topology(cfg: Config) -> TrainingTopology:
     """This run's learners, actors and device (topology.resolve_training_topology) for the devices this process
     sees and how it was launched; ConfigError when the config does not fit them."""
     try:
-        topology = resolve_training_topology(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu, torch.cuda.device_count(),
-                                              _mps_available(), current_launch())
+        topology = resolve_training_topology(
+            cfg.num_actors,
+            cfg.num_gpus,
+            cfg.actors_per_gpu,
+            torch.cuda.device_count(),
+            _mps_available(),
+            current_launch(),
+        )
     except ValueError as e:
         raise ConfigError(str(e)) from None
     check_round_split(cfg, topology.actors_per_learner)
@@ -114,8 +132,11 @@ def setup(single_process_device: Optional[str] = None) -> DistContext:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         try:
-            device = torch.device(resolve_rank_device(
-                world_size, local_rank, local_world_size, torch.cuda.device_count(), _mps_available()))
+            device = torch.device(
+                resolve_rank_device(
+                    world_size, local_rank, local_world_size, torch.cuda.device_count(), _mps_available()
+                )
+            )
         except ValueError as e:  # every rank of the node finds the same mismatch, before any collective
             raise ConfigError(str(e)) from None
         store = None
@@ -139,8 +160,9 @@ def setup(single_process_device: Optional[str] = None) -> DistContext:
     if backend == "nccl":
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
-    return DistContext(rank, world_size, local_rank, device, device if backend == "nccl" else torch.device("cpu"),
-                       local_world_size)
+    return DistContext(
+        rank, world_size, local_rank, device, device if backend == "nccl" else torch.device("cpu"), local_world_size
+    )
 
 
 def _attempt_store(world_size: int) -> dist.Store:
@@ -151,8 +173,13 @@ def _attempt_store(world_size: int) -> dist.Store:
     wait for it for the whole collective timeout (seen with torch 2.13 and gloo). A prefix per attempt
     keeps each attempt's keys apart.
     """
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
-                         timeout=COLLECTIVE_TIMEOUT)
+    base = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
     return dist.PrefixStore(f"ppo_ddp/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
 
 
@@ -196,22 +223,16 @@ def _f64(ctx: DistContext, values: Sequence[float] | np.ndarray) -> torch.Tensor
 
 @_collective
 @torch.no_grad()
-def average_parameters(ctx: DistContext, model: torch.nn.Module) -> None:
+def average_parameters(ctx: DistContext, flat_params: torch.Tensor) -> None:
     """Replace every rank's parameters by their mean over ranks (not Adam's moments: each rank keeps its own).
 
-    One flat all_reduce; every rank divides the same sum by the same number, so the result is bitwise
-    identical everywhere.
+    In place on the learner's flat parameter buffer (model.flatten_parameters_): one all_reduce, and every
+    rank divides the same sum by the same number, so the result is bitwise identical everywhere.
     """
     if ctx.world_size == 1:
         return
-    params = [p for p in model.parameters()]
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    flat /= ctx.world_size
-    offset = 0
-    for p in params:
-        p.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
+    dist.all_reduce(flat_params, op=dist.ReduceOp.SUM)
+    flat_params /= ctx.world_size
 
 
 @_collective
@@ -223,8 +244,9 @@ def broadcast_parameters(ctx: DistContext, model: torch.nn.Module) -> None:
 
 
 @_collective
-def merge_moments_across_ranks(ctx: DistContext, local: Sequence[Optional[Moments]],
-                               shapes: Sequence[tuple[int, ...]]) -> list[Optional[Moments]]:
+def merge_moments_across_ranks(
+    ctx: DistContext, local: Sequence[Optional[Moments]], shapes: Sequence[tuple[int, ...]]
+) -> list[Optional[Moments]]:
     """Several moment sets, each merged over all ranks, in one all_gather of their (count, mean, var) rows.
 
     Each set is merged in rank order, so every rank gets the same result; a rank's None (or empty) set adds
@@ -236,8 +258,8 @@ def merge_moments_across_ranks(ctx: DistContext, local: Sequence[Optional[Moment
     for moments, n in zip(local, sizes):
         if moments is not None and moments.count > 0:
             row[offset] = moments.count
-            row[offset + 1:offset + 1 + n] = np.reshape(moments.mean, -1)
-            row[offset + 1 + n:offset + 1 + 2 * n] = np.reshape(moments.var, -1)
+            row[offset + 1 : offset + 1 + n] = np.reshape(moments.mean, -1)
+            row[offset + 1 + n : offset + 1 + 2 * n] = np.reshape(moments.var, -1)
         offset += 1 + 2 * n
     mine = _f64(ctx, row)
     gathered = [torch.empty_like(mine) for _ in range(ctx.world_size)]
@@ -246,15 +268,25 @@ def merge_moments_across_ranks(ctx: DistContext, local: Sequence[Optional[Moment
     merged: list[Optional[Moments]] = []
     offset = 0
     for shape, n in zip(shapes, sizes):
-        merged.append(merge_rms_states(
-            Moments(r[offset + 1:offset + 1 + n].reshape(shape), r[offset + 1 + n:offset + 1 + 2 * n].reshape(shape),
-                    float(r[offset])) for r in rows if r[offset] > 0))
+        merged.append(
+            merge_rms_states(
+                Moments(
+                    r[offset + 1 : offset + 1 + n].reshape(shape),
+                    r[offset + 1 + n : offset + 1 + 2 * n].reshape(shape),
+                    float(r[offset]),
+                )
+                for r in rows
+                if r[offset] > 0
+            )
+        )
         offset += 1 + 2 * n
     return merged
 
 
 @_collective
-def average_metrics(ctx: DistContext, metrics: dict[str, float], episodes: list[Any]) -> tuple[dict[str, float], list[Any]]:
+def average_metrics(
+    ctx: DistContext, metrics: dict[str, float], episodes: list[Any]
+) -> tuple[dict[str, float], list[Any]]:
     """(mean of each metric over ranks, every rank's episodes in rank order), from one gather.
 
     Every rank must pass the same metric keys. The means are summed in rank order, the same on every rank.
@@ -304,60 +336,3 @@ def gather_to_main(ctx: DistContext, obj: Any) -> Optional[list[Any]]:
 
 
 # ---- our own launch of several learners on one machine (`python train.py --num-gpus N`) -----------------
-LOOPBACK_RDZV_BACKEND = "ppo-loopback"
-
-
-def _loopback_rendezvous(params: Any) -> Any:
-    """A torchelastic rendezvous for one node whose TCPStore listens on 127.0.0.1 only.
-
-    torchrun's --standalone store binds every interface (TCPStore does unless handed a listening socket);
-    this one is handed a socket bound to loopback. Otherwise it is torchrun's static rendezvous for one node:
-    the workers use this store (the agent store) for their process group too.
-    """
-    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
-
-    class LoopbackRendezvous(RendezvousHandler):
-        def __init__(self, run_id: str, timeout: timedelta) -> None:
-            self.run_id = run_id
-            self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self._listener.bind(("127.0.0.1", 0))
-            self._listener.listen()
-            self.port = self._listener.getsockname()[1]
-            self._store = dist.TCPStore("127.0.0.1", self.port, 1, True, timeout, multi_tenant=True,
-                                        master_listen_fd=self._listener.fileno())
-
-        def get_backend(self) -> str:
-            return LOOPBACK_RDZV_BACKEND
-
-        @property
-        def use_agent_store(self) -> bool:
-            return True
-
-        def next_rendezvous(self) -> Any:
-            return RendezvousInfo(dist.PrefixStore(self.run_id, self._store), 0, 1,
-                                  RendezvousStoreInfo("127.0.0.1", self.port))
-
-        def is_closed(self) -> bool:
-            return False
-
-        def set_closed(self) -> None:
-            pass
-
-        def num_nodes_waiting(self) -> int:
-            return 0
-
-        def get_run_id(self) -> str:
-            return self.run_id
-
-        def shutdown(self) -> bool:
-            return True
-
-    if params.max_nodes != 1:
-        raise ValueError(f"the {LOOPBACK_RDZV_BACKEND} rendezvous is for one node, not {params.max_nodes}")
-    return LoopbackRendezvous(params.run_id, timedelta(seconds=int(params.config.get("timeout", 600))))
-
-
-def register_loopback_rendezvous() -> None:
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-
-    rendezvous_handler_registry.register(LOOPBACK_RDZV_BACKEND, _loopback_rendezvous)

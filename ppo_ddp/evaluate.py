@@ -48,7 +48,7 @@ def load_policy(path: str | Path) -> tuple[ActorCritic, Optional[Moments], Confi
         raise CheckpointError(f"checkpoint {path}: has no 'config', cannot rebuild the network")
     cfg = config_from_dict(state["config"])
     obs_dim, act_dim = int(state["obs_dim"]), int(state["act_dim"])
-    model = ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+    model = ActorCritic.from_config(cfg, obs_dim, act_dim)
     model.load_state_dict(state["actor"])
     model.eval()
     obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] is not None else None
@@ -105,10 +105,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(2) from None
     if args.video:
         _check_renderer()
-    returns = evaluate_policy(model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video)
+    returns = evaluate_policy(
+        model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video
+    )
     mode = "deterministic" if args.deterministic else "stochastic"
-    print(f"{args.env_id or cfg.env_id}: mean return {np.mean(returns):.1f} ± {np.std(returns):.1f} "
-          f"over {len(returns)} {mode} episodes (min {np.min(returns):.1f}, max {np.max(returns):.1f})")
+    print(
+        f"{args.env_id or cfg.env_id}: mean return {np.mean(returns):.1f} ± {np.std(returns):.1f} "
+        f"over {len(returns)} {mode} episodes (min {np.min(returns):.1f}, max {np.max(returns):.1f})"
+    )
     if args.video:
         print(f"videos in {args.video}")
 
@@ -129,9 +133,12 @@ def _check_renderer() -> None:
             renderer.render()
     except Exception as e:
         gl = os.environ.get("MUJOCO_GL", "unset")
-        print(f"evaluate: error: --video: MuJoCo cannot render here (MUJOCO_GL={gl}: {type(e).__name__}: "
-              f"{str(e).splitlines()[0] if str(e) else ''}); set MUJOCO_GL=egl on a GPU box or MUJOCO_GL=osmesa "
-              f"with OSMesa installed on CPU", file=sys.stderr)
+        print(
+            f"evaluate: error: --video: MuJoCo cannot render here (MUJOCO_GL={gl}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); set MUJOCO_GL=egl on a GPU box or MUJOCO_GL=osmesa "
+            f"with OSMesa installed on CPU",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
 
 

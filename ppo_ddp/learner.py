@@ -1,9 +1,10 @@
-"""The learner's PPO update (DESIGN.md step 5) on one rank's on-policy rollout."""
+"""The learner's PPO update on one rank's on-policy rollout (docs/design.md, "a round", step 5)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -26,21 +27,42 @@ class RolloutBatch:
         return self.obs.shape[0]
 
     @staticmethod
-    def from_buffers(buffers, device: torch.device) -> "RolloutBatch":
+    def from_buffers(buffers, device: torch.device) -> RolloutBatch:
         """Flatten the [A, T, E, ...] shared rollout; non_blocking copies when the buffers are pinned."""
 
         def flat(t: torch.Tensor, trailing: int) -> torch.Tensor:
-            t = t.reshape(-1, *t.shape[t.dim() - trailing:]) if trailing else t.reshape(-1)
+            t = t.reshape(-1, *t.shape[t.dim() - trailing :]) if trailing else t.reshape(-1)
             return t.to(device, non_blocking=True)
 
         return RolloutBatch(
-            obs=flat(buffers.obs, 1), actions=flat(buffers.actions, 1), logp=flat(buffers.logp, 0),
-            values=flat(buffers.values, 0), advantages=flat(buffers.advantages, 0), returns=flat(buffers.returns, 0),
+            obs=flat(buffers.obs, 1),
+            actions=flat(buffers.actions, 1),
+            logp=flat(buffers.logp, 0),
+            values=flat(buffers.values, 0),
+            advantages=flat(buffers.advantages, 0),
+            returns=flat(buffers.returns, 0),
         )
 
 
 # (mean, std) of the advantages over all ranks' data; a collective under torchrun.
 GlobalMeanStd = Callable[[torch.Tensor], "tuple[float, float]"]
+
+
+class NonFiniteError(FloatingPointError):
+    """The update produced NaN/inf parameters or losses."""
+
+
+def check_finite(model: torch.nn.Module, metrics: dict[str, float], rank: int, iteration: int) -> None:
+    """A NaN must not reach the weight average (it would spread to every rank) nor a checkpoint."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    if not bool(torch.isfinite(flat).all()):
+        bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        raise NonFiniteError(
+            f"rank {rank}: non-finite parameters ({', '.join(bad)}) after the update of round {iteration}"
+        )
+    for key in ("losses/policy_loss", "losses/value_loss"):
+        if not math.isfinite(metrics[key]):
+            raise NonFiniteError(f"rank {rank}: non-finite {key} ({metrics[key]}) in the update of round {iteration}")
 
 
 def annealed_learning_rate(initial: float, global_step: int, total_timesteps: int) -> float:
@@ -88,11 +110,14 @@ class Learner:
             for column, out in zip(columns, shuffled):
                 torch.index_select(column, 0, permutation, out=out)
             for start in range(0, buffer_size, minibatch_size):
-                step_losses, log_ratio = self._minibatch_step(*(c[start:start + minibatch_size] for c in shuffled))
+                step_losses, log_ratio = self._minibatch_step(*(c[start : start + minibatch_size] for c in shuffled))
                 losses.append(step_losses)
                 log_ratios.append(log_ratio)
             epochs_done += 1
-            if cfg.target_kl is not None and _approx_kl(torch.stack(log_ratios[-cfg.num_minibatches:])).item() > cfg.target_kl:
+            if (
+                cfg.target_kl is not None
+                and _approx_kl(torch.stack(log_ratios[-cfg.num_minibatches :])).item() > cfg.target_kl
+            ):
                 break
 
         log_ratio = torch.stack(log_ratios)
@@ -102,7 +127,9 @@ class Learner:
         clipfrac = ((log_ratio.exp() - 1).abs() > cfg.clip_coef).float().mean().item()
         with torch.no_grad():
             var_returns = batch.returns.var()
-            explained_var = (1 - (batch.returns - batch.values).var() / var_returns).item() if var_returns > 0 else float("nan")
+            explained_var = (
+                (1 - (batch.returns - batch.values).var() / var_returns).item() if var_returns > 0 else float("nan")
+            )
         return {
             "losses/policy_loss": pg_loss,
             "losses/value_loss": v_loss,
@@ -115,8 +142,15 @@ class Learner:
             "charts/learning_rate": self.optimizer.param_groups[0]["lr"],
         }
 
-    def _minibatch_step(self, obs: torch.Tensor, actions: torch.Tensor, old_logp: torch.Tensor, old_values: torch.Tensor,
-                        neg_adv: torch.Tensor, returns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _minibatch_step(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        old_logp: torch.Tensor,
+        old_values: torch.Tensor,
+        neg_adv: torch.Tensor,
+        returns: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One clipped-PPO gradient step on one mini-batch; ([pg_loss, v_loss, entropy], log-ratio), detached."""
         cfg = self.cfg
         new_logp, entropy, new_value = self.model.evaluate(obs, actions)

@@ -7,10 +7,12 @@ hidden layers, 0.01 on the policy output and 1.0 on the value output, zero biase
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
+
+from ppo_ddp.config import Config
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -60,13 +62,20 @@ class ActorCritic(nn.Module):
         self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, activation, out_gain=0.01)
         self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
 
+    @staticmethod
+    def from_config(cfg: Config, obs_dim: int, act_dim: int) -> ActorCritic:
+        """The network a config describes (hidden_sizes, activation, log_std_init), on the CPU."""
+        return ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
 
     def action_mean(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor_mean(obs)
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(
+        self, obs: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw Normal sample, its log-prob, value) for a batch of normalised observations."""
         mean = self.actor_mean(obs)
         noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
@@ -83,6 +92,16 @@ class ActorCritic(nn.Module):
         return gaussian_log_prob(mean, self.actor_logstd, action), gaussian_entropy(self.actor_logstd), self.value(obs)
 
 
+def flat_views(model: nn.Module, flat: torch.Tensor) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
+    """Each parameter of the model with its slice of a flat vector (shaped like it), in model.parameters() order:
+    the one layout of every flat copy of the parameters (the learner's buffer, shared memory, collectives)."""
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        yield p, flat[offset : offset + n].view_as(p)
+        offset += n
+
+
 @torch.no_grad()
 def flatten_parameters_(model: nn.Module) -> tuple[nn.Parameter, torch.Tensor]:
     """Move the parameters and their gradients into two flat buffers, in model.parameters() order.
@@ -95,16 +114,11 @@ def flatten_parameters_(model: nn.Module) -> tuple[nn.Parameter, torch.Tensor]:
     Call it once the model is on its device; clear gradients with flat_grad.zero_(), never by setting
     them to None (that would cut them loose from the buffer).
     """
-    params = list(model.parameters())
-    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
+    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
     flat_grad = torch.zeros_like(flat)
     flat.grad = flat_grad
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.data = flat.data[offset:offset + n].view_as(p)
-        p.grad = flat_grad[offset:offset + n].view_as(p)
-        offset += n
+    for (p, data), (_, grad) in zip(flat_views(model, flat.data), flat_views(model, flat_grad)):
+        p.data, p.grad = data, grad
     return flat, flat_grad
 
 
@@ -115,18 +129,12 @@ def num_parameters(model: nn.Module) -> int:
 @torch.no_grad()
 def write_flat_parameters(model: nn.Module, out: torch.Tensor) -> None:
     """Copy the parameters, in model.parameters() order, into a flat float32 vector (e.g. shared memory)."""
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        out[offset:offset + n].copy_(p.detach().reshape(-1))
-        offset += n
+    for p, view in flat_views(model, out):
+        view.copy_(p)
 
 
 @torch.no_grad()
 def read_flat_parameters(model: nn.Module, flat: torch.Tensor) -> None:
     """Load parameters from a flat vector written by write_flat_parameters."""
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        p.copy_(flat[offset:offset + n].view_as(p))
-        offset += n
+    for p, view in flat_views(model, flat):
+        p.copy_(view)

@@ -10,8 +10,9 @@ nothing here does that, and the tests check the count grows by exactly the new r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -29,14 +30,20 @@ class Moments:
 
     def to_state(self) -> dict[str, Any]:
         """Plain tensors and floats, so a checkpoint holding it loads with weights_only=True."""
-        return {"mean": torch.from_numpy(np.array(self.mean, dtype=np.float64)),
-                "var": torch.from_numpy(np.array(self.var, dtype=np.float64)),
-                "count": float(self.count)}
+        return {
+            "mean": torch.from_numpy(np.array(self.mean, dtype=np.float64)),
+            "var": torch.from_numpy(np.array(self.var, dtype=np.float64)),
+            "count": float(self.count),
+        }
 
     @staticmethod
-    def from_state(state: dict[str, Any]) -> "Moments":
+    def from_state(state: dict[str, Any]) -> Moments:
         def arr(v: Any) -> np.ndarray:
-            return v.detach().cpu().numpy().astype(np.float64) if isinstance(v, torch.Tensor) else np.asarray(v, np.float64)
+            return (
+                v.detach().cpu().numpy().astype(np.float64)
+                if isinstance(v, torch.Tensor)
+                else np.asarray(v, np.float64)
+            )
 
         return Moments(arr(state["mean"]), arr(state["var"]), float(state["count"]))
 
@@ -50,7 +57,9 @@ def compute_batch_moments(x: np.ndarray | torch.Tensor) -> Moments:
         raise ValueError(f"compute_batch_moments: empty input of shape {x.shape}")
     if not np.isfinite(x).all():
         bad = np.argwhere(~np.isfinite(x))[0]
-        raise ValueError(f"compute_batch_moments: non-finite value {x[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+        raise ValueError(
+            f"compute_batch_moments: non-finite value {x[tuple(bad)]} at index {tuple(int(i) for i in bad)}"
+        )
     return Moments(x.mean(axis=0), x.var(axis=0), float(x.shape[0]))
 
 

@@ -43,7 +43,12 @@ def compute_gae(
     so the recursion is cut there and a new episode never leaks into the previous one.
     """
     shape = rewards.shape
-    for name, t in (("values", values), ("next_values", next_values), ("terminated", terminated), ("truncated", truncated)):
+    for name, t in (
+        ("values", values),
+        ("next_values", next_values),
+        ("terminated", terminated),
+        ("truncated", truncated),
+    ):
         if t.shape != shape:
             raise ValueError(f"compute_gae: {name} has shape {tuple(t.shape)}, rewards has {tuple(shape)}")
     if rewards.dim() != 2:

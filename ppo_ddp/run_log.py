@@ -23,9 +23,16 @@ def code_version() -> str:
     """The git commit of the code (with '-dirty' for uncommitted changes), or 'unknown' outside a checkout."""
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
@@ -46,7 +53,8 @@ def write_run_config(path: Path, cfg: Config, extra: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def _format_duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """1h02m, or 3m05s under an hour; ? when unknown."""
     if not math.isfinite(seconds):
         return "?"
     seconds = int(seconds)
@@ -125,9 +133,11 @@ class RunLogger:
         eta = (self.total_steps - global_step) / rate if rate and rate > 0 else float("nan")
         ret = metrics.get("charts/episodic_return_avg100", float("nan"))
         pct = 100.0 * global_step / self.total_steps
-        line = (f"iter {iteration} | steps {global_step:,}/{self.total_steps:,} ({pct:.0f}%) | "
-                f"SPS {metrics.get('charts/SPS', float('nan')):,.0f} | return {ret:.1f} | "
-                f"ETA {_format_duration(eta)}")
+        line = (
+            f"iter {iteration} | steps {global_step:,}/{self.total_steps:,} ({pct:.0f}%) | "
+            f"SPS {metrics.get('charts/SPS', float('nan')):,.0f} | return {ret:.1f} | "
+            f"ETA {format_duration(eta)}"
+        )
         if self.tty:
             print("\r" + line.ljust(100), end="", flush=True)
         else:

@@ -58,7 +58,7 @@ class StopRequests:
         self._finished = False
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopRequests":
+    def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -86,8 +86,10 @@ class StopRequests:
             self.signum, self._first_at = signum, now
             if self.announce:
                 # os.write, not print: the handler may interrupt a print, and a buffered stream is not reentrant.
-                _say(f"{signal_name(signum)}: stopping after this round and saving a checkpoint "
-                     f"(again to quit at once, without saving)\n")
+                _say(
+                    f"{signal_name(signum)}: stopping after this round and saving a checkpoint "
+                    f"(again to quit at once, without saving)\n"
+                )
             return
         if signum == self.signum and now - self._first_at < DUPLICATE_WINDOW:
             return

@@ -104,11 +104,7 @@ def resolve_training_topology(
 
 
 def resolve_rank_device(
-    world_size: int,
-    local_rank: int,
-    local_world_size: int,
-    cuda_device_count: int,
-    mps_available: bool = False,
+    world_size: int, local_rank: int, local_world_size: int, cuda_device_count: int, mps_available: bool = False
 ) -> str:
     """The torch device string of one torchrun rank: cuda:<local_rank>, mps, or cpu.
 
@@ -116,7 +112,9 @@ def resolve_rank_device(
     two ranks sharing a GPU under NCCL deadlock or fail obscurely.
     """
     if not 0 <= local_rank < local_world_size:
-        raise ValueError(f"LOCAL_RANK={local_rank} outside 0..{local_world_size - 1} (LOCAL_WORLD_SIZE={local_world_size})")
+        raise ValueError(
+            f"LOCAL_RANK={local_rank} outside 0..{local_world_size - 1} (LOCAL_WORLD_SIZE={local_world_size})"
+        )
     if world_size < local_world_size:
         raise ValueError(f"WORLD_SIZE={world_size} is smaller than LOCAL_WORLD_SIZE={local_world_size}")
     if cuda_device_count > 0:

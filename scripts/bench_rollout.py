@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ppo_ddp.actors import ActorPool  # noqa: E402
+from ppo_ddp.actor_pool import ActorPool  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.envs import make_env  # noqa: E402
 from ppo_ddp.model import ActorCritic  # noqa: E402
@@ -57,8 +57,10 @@ def raw_env_rate(env_id: str, seconds: float, seed: int = 0) -> float:
 def pool_rate(cfg: Config, obs_dim: int, act_dim: int, seconds: float) -> tuple[float, int, float]:
     """(env steps per second, rounds, mean round seconds) of collect() alone."""
     torch.manual_seed(cfg.seed)
-    model = ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
-    with ActorPool(cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False) as pool:
+    model = ActorCritic.from_config(cfg, obs_dim, act_dim)
+    with ActorPool(
+        cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False
+    ) as pool:
         reports = pool.collect(model, None, None)  # start-up and warm-up; its statistics are then frozen
         obs_rms = merge_rms_states(r.obs_moments for r in reports)
         ret_rms = merge_rms_states(r.return_moments for r in reports)
@@ -67,7 +69,7 @@ def pool_rate(cfg: Config, obs_dim: int, act_dim: int, seconds: float) -> tuple[
             start = time.perf_counter()
             reports = pool.collect(model, obs_rms, ret_rms)
             elapsed += time.perf_counter() - start
-            steps += sum(r.steps for r in reports)
+            steps += cfg.actors_per_gpu * cfg.envs_per_actor * cfg.rollout_length
             rounds += 1
     return steps / elapsed, rounds, elapsed / rounds
 
@@ -86,8 +88,11 @@ def main(argv: list[str] | None = None) -> None:
     probe = make_env(args.env_id)
     obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
     probe.close()
-    print(f"# {args.env_id}: obs_dim {obs_dim}, act_dim {act_dim}; {cpus} CPUs; load average {os.getloadavg()[0]:.2f}; "
-          f"torch {torch.__version__}; rollout_length {args.rollout_length}; {args.mp_start_method}", flush=True)
+    print(
+        f"# {args.env_id}: obs_dim {obs_dim}, act_dim {act_dim}; {cpus} CPUs; load average {os.getloadavg()[0]:.2f}; "
+        f"torch {torch.__version__}; rollout_length {args.rollout_length}; {args.mp_start_method}",
+        flush=True,
+    )
 
     before = raw_env_rate(args.env_id, args.seconds)
     print(f"raw env rate (1 env, 1 process): {before:,.0f} steps/s; limit = x{cpus} = {before * cpus:,.0f}", flush=True)
@@ -96,18 +101,28 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'actors':>6} {'envs':>4} {'rounds':>6} {'round s':>8} {'steps/s':>10} {'/limit':>7}", flush=True)
     for actors in args.actors:
         for envs in args.envs:
-            cfg = Config(env_id=args.env_id, actors_per_gpu=actors, envs_per_actor=envs,
-                         rollout_length=args.rollout_length, mp_start_method=args.mp_start_method)
+            cfg = Config(
+                env_id=args.env_id,
+                actors_per_gpu=actors,
+                envs_per_actor=envs,
+                rollout_length=args.rollout_length,
+                mp_start_method=args.mp_start_method,
+            )
             rate, rounds, round_s = pool_rate(cfg, obs_dim, act_dim, args.seconds)
             rows.append((actors, envs, rate))
-            print(f"{actors:>6} {envs:>4} {rounds:>6} {round_s:>8.4f} {rate:>10,.0f} {rate / (before * cpus):>7.3f}", flush=True)
+            print(
+                f"{actors:>6} {envs:>4} {rounds:>6} {round_s:>8.4f} {rate:>10,.0f} {rate / (before * cpus):>7.3f}",
+                flush=True,
+            )
 
     after = raw_env_rate(args.env_id, args.seconds)
     limit = max(before, after) * cpus
     best = max(rows, key=lambda r: r[2])
     print(f"raw env rate again: {after:,.0f} steps/s; limit used = {cpus} x max(before, after) = {limit:,.0f}")
-    print(f"best: actors_per_gpu {best[0]}, envs_per_actor {best[1]}: {best[2]:,.0f} steps/s; "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"best: actors_per_gpu {best[0]}, envs_per_actor {best[1]}: {best[2]:,.0f} steps/s; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"ratio {best[2] / limit:.3f}")
 
 

@@ -46,6 +46,7 @@ EPOCHS = 10
 
 # ---------------------------------------------------------------------------------------------- process trees
 
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -134,6 +135,7 @@ def run_tree(cmd: list[str], log: Path, cwd: Path = ROOT) -> tuple[dict[str, flo
 
 # ---------------------------------------------------------------------------------------------- the trainers
 
+
 @dataclass
 class Result:
     name: str
@@ -172,9 +174,23 @@ def sb3_worker(vec: str, threads: int, total: int, warmup_rounds: int, seed: int
     env = make_vec_env(ENV_ID, n_envs=n_envs, seed=seed, vec_env_cls=DummyVecEnv if vec == "dummy" else SubprocVecEnv)
     env = VecNormalize(env, norm_obs=True, norm_reward=True, gamma=0.99)
     # SB3's MlpPolicy for PPO is a 64-64 tanh actor and a separate 64-64 tanh critic, as ours.
-    model = PPO("MlpPolicy", env, n_steps=SAMPLES_PER_UPDATE // n_envs, batch_size=MINIBATCH, n_epochs=EPOCHS,
-                learning_rate=3e-4, gamma=0.99, gae_lambda=0.95, clip_range=0.2, ent_coef=0.0, vf_coef=0.5,
-                max_grad_norm=0.5, device="cpu", seed=seed, verbose=0)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=SAMPLES_PER_UPDATE // n_envs,
+        batch_size=MINIBATCH,
+        n_epochs=EPOCHS,
+        learning_rate=3e-4,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_range=0.2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        device="cpu",
+        seed=seed,
+        verbose=0,
+    )
     marks = Marks()
     model.learn(total_timesteps=total, callback=marks)
     env.close()
@@ -185,8 +201,19 @@ def sb3_worker(vec: str, threads: int, total: int, warmup_rounds: int, seed: int
 def run_sb3(vec: str, threads: int, args: argparse.Namespace, work: Path) -> Result:
     total = (args.warmup_rounds + args.steps // SAMPLES_PER_UPDATE) * SAMPLES_PER_UPDATE
     log = work / f"sb3_{vec}_{threads}.log"
-    peaks, wall = run_tree([sys.executable, __file__, "--sb3-worker", vec, str(threads), str(total),
-                            str(args.warmup_rounds), str(args.seed)], log=log)
+    peaks, wall = run_tree(
+        [
+            sys.executable,
+            __file__,
+            "--sb3-worker",
+            vec,
+            str(threads),
+            str(total),
+            str(args.warmup_rounds),
+            str(args.seed),
+        ],
+        log=log,
+    )
     out = json.loads(log.read_text().strip().splitlines()[-1])
     name = f"SB3 PPO, {'DummyVecEnv' if vec == 'dummy' else 'SubprocVecEnv'} x 8, torch threads {out['threads']}"
     return Result(name, out["steps"] / out["seconds"], out["seconds"], wall, peaks)
@@ -199,13 +226,40 @@ def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, wo
         raise SystemExit(f"bench_throughput.py: shape {actors}x{envs} does not divide {per_rank} samples per rank")
     rounds = args.warmup_rounds + args.steps // SAMPLES_PER_UPDATE
     name = f"w{world}_a{actors}_e{envs}"
-    flags = ["--env-id", ENV_ID, "--seed", str(args.seed), "--total-timesteps", str(rounds * SAMPLES_PER_UPDATE),
-             "--actors-per-gpu", str(actors), "--envs-per-actor", str(envs), "--rollout-length", str(rollout_length),
-             "--num-minibatches", str(per_rank // MINIBATCH), "--update-epochs", str(EPOCHS),
-             "--hidden-sizes", "64", "64", "--activation", "tanh", "--normalize-obs", "--normalize-reward",
-             "--runs-dir", str(work), "--run-name", name]
-    launcher = [sys.executable] if world == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+    flags = [
+        "--env-id",
+        ENV_ID,
+        "--seed",
+        str(args.seed),
+        "--total-timesteps",
+        str(rounds * SAMPLES_PER_UPDATE),
+        "--actors-per-gpu",
+        str(actors),
+        "--envs-per-actor",
+        str(envs),
+        "--rollout-length",
+        str(rollout_length),
+        "--num-minibatches",
+        str(per_rank // MINIBATCH),
+        "--update-epochs",
+        str(EPOCHS),
+        "--hidden-sizes",
+        "64",
+        "64",
+        "--activation",
+        "tanh",
+        "--normalize-obs",
+        "--normalize-reward",
+        "--runs-dir",
+        str(work),
+        "--run-name",
+        name,
+    ]
+    launcher = (
+        [sys.executable]
+        if world == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+    )
     peaks, wall = run_tree([*launcher, "train.py", *flags], log=work / f"{name}.log", cwd=args.trainer_root)
     with open(work / name / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -223,8 +277,18 @@ def learner_rss_growth(args: argparse.Namespace, work: Path) -> None:
     """A --memory-rounds run of one learner; its RSS (sampled each round from /proc) after round 20 vs the end."""
     rounds = args.memory_rounds
     name = "memory"
-    flags = ["--env-id", ENV_ID, "--seed", str(args.seed), "--total-timesteps", str(rounds * SAMPLES_PER_UPDATE),
-             "--runs-dir", str(work), "--run-name", name]
+    flags = [
+        "--env-id",
+        ENV_ID,
+        "--seed",
+        str(args.seed),
+        "--total-timesteps",
+        str(rounds * SAMPLES_PER_UPDATE),
+        "--runs-dir",
+        str(work),
+        "--run-name",
+        name,
+    ]
     log = work / f"{name}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -248,12 +312,15 @@ def learner_rss_growth(args: argparse.Namespace, work: Path) -> None:
     at20 = samples[min(r for r in samples if r >= 20)]
     end = samples[max(samples)]
     peak_after = max(v for r, v in samples.items() if r >= 20)
-    print(f"learner RSS over {rounds} rounds ({len(samples)} samples): round 20 {at20:.1f} MB, last round "
-          f"{end:.1f} MB, largest after round 20 {peak_after:.1f} MB; growth after round 20 "
-          f"{100 * (peak_after - at20) / at20:+.2f}% (limit +5%)")
+    print(
+        f"learner RSS over {rounds} rounds ({len(samples)} samples): round 20 {at20:.1f} MB, last round "
+        f"{end:.1f} MB, largest after round 20 {peak_after:.1f} MB; growth after round 20 "
+        f"{100 * (peak_after - at20) / at20:+.2f}% (limit +5%)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- main
+
 
 def parse_shape(text: str) -> tuple[int, int]:
     actors, envs = text.lower().split("x")
@@ -277,22 +344,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=65536, help="env steps in the timed window of each trainer")
     parser.add_argument("--warmup-rounds", type=int, default=3, help="updates before the timed window")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--one-learner-shapes", type=parse_shape, nargs="+", default=[(2, 8), (2, 16), (1, 16)],
-                        help="actors_per_gpu x envs_per_actor for python train.py, e.g. 2x8")
-    parser.add_argument("--two-learner-shapes", type=parse_shape, nargs="+", default=[(1, 16), (1, 8), (2, 8)],
-                        help="actors_per_gpu x envs_per_actor per rank for torchrun with 2 ranks")
-    parser.add_argument("--sb3", type=parse_sb3, nargs="+", default=[("dummy", 0), ("subproc", 0), ("dummy", 1)],
-                        help="SB3 variants VEC:THREADS, VEC dummy or subproc, THREADS 0 for torch's default")
+    parser.add_argument(
+        "--one-learner-shapes",
+        type=parse_shape,
+        nargs="+",
+        default=[(2, 8), (2, 16), (1, 16)],
+        help="actors_per_gpu x envs_per_actor for python train.py, e.g. 2x8",
+    )
+    parser.add_argument(
+        "--two-learner-shapes",
+        type=parse_shape,
+        nargs="+",
+        default=[(1, 16), (1, 8), (2, 8)],
+        help="actors_per_gpu x envs_per_actor per rank for torchrun with 2 ranks",
+    )
+    parser.add_argument(
+        "--sb3",
+        type=parse_sb3,
+        nargs="+",
+        default=[("dummy", 0), ("subproc", 0), ("dummy", 1)],
+        help="SB3 variants VEC:THREADS, VEC dummy or subproc, THREADS 0 for torch's default",
+    )
     parser.add_argument("--skip-sb3", action="store_true", help="ppo_ddp only (no ratio)")
     parser.add_argument("--sweep", action="store_true", help="also the scaling table: more shapes, world 1 and 2")
-    parser.add_argument("--memory-rounds", type=int, default=0,
-                        help="only the memory check: one learner for this many rounds, RSS growth after round 20")
-    parser.add_argument("--trainer-root", type=Path, default=ROOT,
-                        help="the checkout whose train.py runs (e.g. an older commit's worktree, for before/after)")
+    parser.add_argument(
+        "--memory-rounds",
+        type=int,
+        default=0,
+        help="only the memory check: one learner for this many rounds, RSS growth after round 20",
+    )
+    parser.add_argument(
+        "--trainer-root",
+        type=Path,
+        default=ROOT,
+        help="the checkout whose train.py runs (e.g. an older commit's worktree, for before/after)",
+    )
     parser.add_argument("--work-dir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
     args = parser.parse_args(argv)
 
     import torch  # noqa: F401  (the version for the header; the trainers run in their own processes)
+
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_throughput_"))
     work.mkdir(parents=True, exist_ok=True)
     head = f"# {ENV_ID}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; torch {torch.__version__}; "
@@ -300,8 +391,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{head}python train.py with its defaults for {args.memory_rounds} rounds; logs in {work}", flush=True)
         learner_rss_growth(args, work)
         return
-    print(f"{head}{SAMPLES_PER_UPDATE} samples an update, mini-batches of {MINIBATCH}, {EPOCHS} epochs; "
-          f"timed window {args.steps:,} steps after {args.warmup_rounds} warm-up updates; logs in {work}", flush=True)
+    print(
+        f"{head}{SAMPLES_PER_UPDATE} samples an update, mini-batches of {MINIBATCH}, {EPOCHS} epochs; "
+        f"timed window {args.steps:,} steps after {args.warmup_rounds} warm-up updates; logs in {work}",
+        flush=True,
+    )
 
     def show(r: Result) -> None:
         rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r.peaks.items()))
@@ -333,7 +427,10 @@ def main(argv: list[str] | None = None) -> None:
     if sb3:
         base = max(sb3, key=lambda r: r.sps)
         print(f"baseline: {base.name}: {base.sps:,.0f} SPS")
-        print(f"ratio one learner {best1.sps / base.sps:.2f}" + (f", two learners {best2.sps / base.sps:.2f}" if best2 else ""))
+        print(
+            f"ratio one learner {best1.sps / base.sps:.2f}"
+            + (f", two learners {best2.sps / base.sps:.2f}" if best2 else "")
+        )
         best = max([best1] + ([best2] if best2 else []), key=lambda r: r.sps)
         print(f"ratio {best.sps / base.sps:.2f}")
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from plot_runs import load_curve, plot_curves  # noqa: E402
+
 from ppo_ddp.evaluate import evaluate_policy, load_policy  # noqa: E402
 
 PRESETS = {
@@ -49,8 +50,21 @@ REFERENCE = {
     "Humanoid-v5": ("716 ± 49", "—", "787 ± 194", "report"),
 }
 
-FIELDS = ["env", "seed", "world_size", "total_steps", "wall_seconds", "eval_mean", "eval_std", "eval_episodes",
-          "train_return_last10pct", "curve", "config", "extra_args", "commit"]
+FIELDS = [
+    "env",
+    "seed",
+    "world_size",
+    "total_steps",
+    "wall_seconds",
+    "eval_mean",
+    "eval_std",
+    "eval_episodes",
+    "train_return_last10pct",
+    "curve",
+    "config",
+    "extra_args",
+    "commit",
+]
 
 
 def run_name(env: str, seed: int, world_size: int) -> str:
@@ -60,10 +74,25 @@ def run_name(env: str, seed: int, world_size: int) -> str:
 def train(env_key: str, seed: int, world_size: int, total: int, runs_dir: Path, extra: list[str]) -> tuple[Path, float]:
     env_id, preset = PRESETS[env_key]
     name = run_name(env_key, seed, world_size)
-    args = ["train.py", "--config", preset, "--seed", str(seed), "--total-timesteps", str(total),
-            "--runs-dir", str(runs_dir), "--run-name", name, *extra]
-    launcher = [sys.executable] if world_size == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
+    args = [
+        "train.py",
+        "--config",
+        preset,
+        "--seed",
+        str(seed),
+        "--total-timesteps",
+        str(total),
+        "--runs-dir",
+        str(runs_dir),
+        "--run-name",
+        name,
+        *extra,
+    ]
+    launcher = (
+        [sys.executable]
+        if world_size == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
+    )
     cmd = [*launcher, *args]
     print(f"[{time.strftime('%H:%M:%S')}] {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     log = runs_dir / f"{name}.log"
@@ -119,8 +148,8 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         "Ours: deterministic evaluation (10 episodes) of the final policy, mean ± std over seeds; "
         "rows from `returns.csv`, written by `scripts/benchmark_returns.py`.",
         "",
-        "| env | CleanRL ppo_continuous_action (v4, last training episodes) | SB3 rl-zoo tuned PPO (v3, deterministic eval) "
-        "| Tianshou PPO (v3, 10 seeds, max average return) | target | ppo_ddp, 1 learner (seeds) | ppo_ddp, 2 learners (seeds) |",
+        "| env | CleanRL ppo_continuous_action (v4, last training episodes) | SB3 rl-zoo tuned PPO (v3, deterministic eval) "  # noqa: E501
+        "| Tianshou PPO (v3, 10 seeds, max average return) | target | ppo_ddp, 1 learner (seeds) | ppo_ddp, 2 learners (seeds) |",  # noqa: E501
         "|---|---|---|---|---|---|---|",
     ]
     for env_id, refs in REFERENCE.items():
@@ -153,7 +182,9 @@ def main() -> None:
     csv_path = args.out_dir / "returns.csv"
     rows = read_rows(csv_path)
     # the code that produced a row (same seed and config reproduce it exactly on the same code)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     extra = shlex.split(args.train_args)
     for env_key in args.envs:
         env_id, preset = PRESETS[env_key]
@@ -172,17 +203,29 @@ def main() -> None:
                 with open(metrics_csv, newline="") as f:
                     total_steps = max(int(r["global_step"]) for r in csv.DictReader(f))
                 row = {
-                    "env": env_id, "seed": seed, "world_size": world, "total_steps": total_steps,
-                    "wall_seconds": round(wall, 1), "eval_mean": round(float(np.mean(returns)), 1),
-                    "eval_std": round(float(np.std(returns)), 1), "eval_episodes": len(returns),
+                    "env": env_id,
+                    "seed": seed,
+                    "world_size": world,
+                    "total_steps": total_steps,
+                    "wall_seconds": round(wall, 1),
+                    "eval_mean": round(float(np.mean(returns)), 1),
+                    "eval_std": round(float(np.std(returns)), 1),
+                    "eval_episodes": len(returns),
                     "train_return_last10pct": round(last_fraction_return(metrics_csv), 1),
-                    "curve": os.path.relpath(metrics_csv, ROOT), "config": preset, "extra_args": args.train_args,
+                    "curve": os.path.relpath(metrics_csv, ROOT),
+                    "config": preset,
+                    "extra_args": args.train_args,
                     "commit": commit,
                 }
-                print(f"  {env_id} seed {seed} world {world}: eval {row['eval_mean']} ± {row['eval_std']}, "
-                      f"train(last 10%) {row['train_return_last10pct']}, {wall / 60:.1f} min", flush=True)
+                print(
+                    f"  {env_id} seed {seed} world {world}: eval {row['eval_mean']} ± {row['eval_std']}, "
+                    f"train(last 10%) {row['train_return_last10pct']}, {wall / 60:.1f} min",
+                    flush=True,
+                )
                 # re-read: another benchmark_returns.py may have added rows to the same CSV meanwhile
-                rows = [r for r in read_rows(csv_path) if (r["env"], str(r["seed"]), str(r["world_size"])) != key] + [row]
+                rows = [r for r in read_rows(csv_path) if (r["env"], str(r["seed"]), str(r["world_size"])) != key] + [
+                    row
+                ]
                 write_rows(csv_path, rows)
                 write_table(args.out_dir / "returns.md", rows)
     rows = read_rows(csv_path)

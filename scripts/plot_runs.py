@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def plot_curves(runs: Sequence[tuple[str, Path]], out: Path, window: int = 10) -
         ax.set_ylabel("episodic return")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
-    for ax in list(axes.flat)[len(envs):]:
+    for ax in list(axes.flat)[len(envs) :]:
         ax.axis("off")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,14 +43,25 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 def train_flags(name: str, world: int, extra: tuple[str, ...] = ()) -> list[str]:
     total = (ROUNDS + 1) * STEPS_PER_ROUND * world  # round 0 seeds the statistics, then ROUNDS rounds train
-    return ["train.py", "--env-id", "HalfCheetah-v5", "--seed", "3", "--total-timesteps", str(total),
-            "--save-interval", "4", "--runs-dir", RUNS, "--run-name", name, *extra]
+    return [
+        "train.py",
+        "--env-id",
+        "HalfCheetah-v5",
+        "--seed",
+        "3",
+        "--total-timesteps",
+        str(total),
+        "--save-interval",
+        "4",
+        "--runs-dir",
+        RUNS,
+        "--run-name",
+        name,
+        *extra,
+    ]
 
 
-RUNS_OF = {
-    "solo": ([sys.executable], 1, ()),
-    "ddp": (TORCHRUN, 2, ("--param-sync-interval", "2")),
-}
+RUNS_OF = {"solo": ([sys.executable], 1, ()), "ddp": (TORCHRUN, 2, ("--param-sync-interval", "2"))}
 
 
 def run_to_end(tree: Path, command: list[str]) -> subprocess.CompletedProcess:
@@ -70,7 +81,7 @@ def stop_and_resume(tree: Path, command: list[str], name: str) -> None:
             time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers
         out, err = proc.communicate(timeout=600)
-        line = next((l for l in out.splitlines() if l.startswith("stopped by SIGTERM")), None)
+        line = next((text for text in out.splitlines() if text.startswith("stopped by SIGTERM")), None)
         if line is None:
             raise SystemExit(f"{name} in {tree}: no stop line\n{out[-2000:]}\n{err[-3000:]}")
         if f"after round {STOP_AFTER} of" in line:
@@ -105,8 +116,13 @@ def run_all(tree: Path, only: list[str]) -> None:
 def differences(a: Any, b: Any, where: str) -> list[str]:
     """Where two nested checkpoint values differ: tensors bit for bit (dtype and shape too), the rest by ==."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and \
-            a.shape == b.shape and torch.equal(a, b)
+        same = (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
         return [] if same else [where]
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{where}.{k}: only in one" for k in set(a) ^ set(b)]
@@ -137,16 +153,22 @@ def compare(base: Path, mine: Path, name: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", required=True, help="the git revision whose numbers are the reference")
-    parser.add_argument("--only", nargs="+", default=["solo", "solo_stop", "ddp", "ddp_stop"],
-                        choices=["solo", "solo_stop", "ddp", "ddp_stop"])
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=["solo", "solo_stop", "ddp", "ddp_stop"],
+        choices=["solo", "solo_stop", "ddp", "ddp_stop"],
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="same_numbers_") as tmp:
         base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True, capture_output=True
+        )
         try:
-            revision = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True,
-                                      text=True).stdout.strip()
+            revision = subprocess.run(
+                ["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
             print(f"base {revision} in {base}; this checkout {ROOT}", flush=True)
             for tree in (base, ROOT):
                 run_all(tree, args.only)
@@ -154,8 +176,15 @@ def main() -> None:
             for name in args.only:
                 problems = compare(base, ROOT, name)
                 failed = failed or bool(problems)
-                print(f"{name}: " + ("the same, bit for bit (metrics.csv without timings; latest and best checkpoints)"
-                                      if not problems else "DIFFERENT: " + "; ".join(problems[:10])), flush=True)
+                print(
+                    f"{name}: "
+                    + (
+                        "the same, bit for bit (metrics.csv without timings; latest and best checkpoints)"
+                        if not problems
+                        else "DIFFERENT: " + "; ".join(problems[:10])
+                    ),
+                    flush=True,
+                )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
     raise SystemExit(1 if failed else 0)

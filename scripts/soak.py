@@ -27,9 +27,24 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
-DEFAULT_TRAIN_ARGS = ["--env-id", "Hopper-v5", "--actors-per-gpu", "1", "--envs-per-actor", "4", "--rollout-length", "64",
-                      "--num-minibatches", "4", "--update-epochs", "4", "--save-interval", "1",
-                      "--total-timesteps", "1000000000"]
+DEFAULT_TRAIN_ARGS = [
+    "--env-id",
+    "Hopper-v5",
+    "--actors-per-gpu",
+    "1",
+    "--envs-per-actor",
+    "4",
+    "--rollout-length",
+    "64",
+    "--num-minibatches",
+    "4",
+    "--update-epochs",
+    "4",
+    "--save-interval",
+    "1",
+    "--total-timesteps",
+    "1000000000",
+]
 """Small rounds, so that a soak runs many of them, and a checkpoint every round: leaks per round show."""
 
 
@@ -100,8 +115,15 @@ def sample(root: int) -> list[dict]:
             fds = len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
             continue
-        rows.append({"pid": pid, "role": role, "rss_mb": int(fields.get("VmRSS", "0 kB").split()[0]) / 1024,
-                     "fds": fds, "threads": int(fields.get("Threads", "0"))})
+        rows.append(
+            {
+                "pid": pid,
+                "role": role,
+                "rss_mb": int(fields.get("VmRSS", "0 kB").split()[0]) / 1024,
+                "fds": fds,
+                "threads": int(fields.get("Threads", "0")),
+            }
+        )
     return rows
 
 
@@ -129,7 +151,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     train = ["train.py", *DEFAULT_TRAIN_ARGS, "--runs-dir", str(out / "runs"), "--run-name", "soak", *args.train_args]
     if args.nproc > 0:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", *train]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={args.nproc}",
+            *train,
+        ]
     else:
         command = [sys.executable, *train]
     print("soak:", " ".join(command), flush=True)
@@ -166,16 +195,22 @@ def main() -> None:
     text = (out / "train.log").read_text(errors="replace")
     rounds = [line for line in text.splitlines() if line.startswith("iter ")]
     stop = [line for line in text.splitlines() if line.startswith("stopped by")]
-    print(f"\nsoak: {args.minutes:g} min, {len(rounds)} rounds ({rounds[-1].split('|')[1].strip() if rounds else '?'}); "
-          f"exit status {rc}; {stop[0] if stop else 'no stop line'}")
+    print(
+        f"\nsoak: {args.minutes:g} min, {len(rounds)} rounds ({rounds[-1].split('|')[1].strip() if rounds else '?'}); "
+        f"exit status {rc}; {stop[0] if stop else 'no stop line'}"
+    )
     left = sorted(name for name in seen_shm if os.path.exists(f"/dev/shm/{name}"))
-    print(f"shared-memory blocks: {len(seen_shm)} used over the run, {len(left)} left in /dev/shm after the stop {left}\n")
+    print(
+        f"shared-memory blocks: {len(seen_shm)} used over the run, {len(left)} left in /dev/shm after the stop {left}\n"
+    )
     report(samples, args.warmup)
 
 
 def report(samples: list[dict], warmup: float) -> None:
     """Per role (processes of one role summed per sample): first/last/peak after warm-up and growth per hour."""
-    print("| process | count | RSS MB first → last (peak) | RSS growth MB/h | fds first → last (peak) | fds growth /h | threads |")
+    print(
+        "| process | count | RSS MB first → last (peak) | RSS growth MB/h | fds first → last (peak) | fds growth /h | threads |"  # noqa: E501
+    )
     print("|---|---|---|---|---|---|---|")
     roles = sorted({s["role"] for s in samples})
     for role in roles:
@@ -193,8 +228,10 @@ def report(samples: list[dict], warmup: float) -> None:
         hours = (ts - ts[0]) / 3600
         rss_slope = np.polyfit(hours, rss, 1)[0]
         fds_slope = np.polyfit(hours, fds, 1)[0]
-        print(f"| {role} | {count} | {rss[0]:.0f} → {rss[-1]:.0f} ({rss.max():.0f}) | {rss_slope:+.1f} | "
-              f"{fds[0]:.0f} → {fds[-1]:.0f} ({fds.max():.0f}) | {fds_slope:+.1f} | {threads} |")
+        print(
+            f"| {role} | {count} | {rss[0]:.0f} → {rss[-1]:.0f} ({rss.max():.0f}) | {rss_slope:+.1f} | "
+            f"{fds[0]:.0f} → {fds[-1]:.0f} ({fds.max():.0f}) | {fds_slope:+.1f} | {threads} |"
+        )
     shm = [s["shm_blocks"] for s in samples if s["t"] >= warmup]
     if shm:
         print(f"\nshared-memory blocks mapped by the run: {min(shm)} → {max(shm)} over the soak")

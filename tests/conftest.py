@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -33,7 +33,12 @@ def run_train(repo_root: Path) -> Callable[..., subprocess.CompletedProcess]:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo_root), env.get("PYTHONPATH")) if p)
         return subprocess.run(
             [sys.executable, "train.py", *args],
-            cwd=repo_root, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            cwd=repo_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
 
     return run

@@ -43,7 +43,9 @@ seeds the statistics)."""
 class ScriptedEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, failure: str | None = None, at_step: int = 0, target_seed: int | None = None, delay: float = 0.0):
+    def __init__(
+        self, failure: str | None = None, at_step: int = 0, target_seed: int | None = None, delay: float = 0.0
+    ):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float64)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
         self.failure, self.at_step, self.target_seed, self.delay = failure, at_step, target_seed, delay
@@ -114,7 +116,15 @@ _register(id="ScriptedNaNObs-v0", kwargs={"failure": "nan_obs", "at_step": 4, "t
 _register(id="ScriptedNaNReward-v0", kwargs={"failure": "nan_reward", "at_step": 4, "target_seed": FAILURE_TARGET})
 _register(id="ScriptedHang-v0", kwargs={"failure": "hang", "at_step": 3, "target_seed": FAILURE_TARGET})
 _register(id="ScriptedSlow-v0", kwargs={"delay": 0.02})
-_register(id="ScriptedRaiseRank1-v0", kwargs={"failure": "raise", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 0, 1)})
-_register(id="ScriptedNaNRewardRank1-v0",
-          kwargs={"failure": "nan_reward", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 0, 1)})
-_register(id="ScriptedHangRank0-v0", kwargs={"failure": "hang", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 0, 0, 1)})
+_register(
+    id="ScriptedRaiseRank1-v0",
+    kwargs={"failure": "raise", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 0, 1)},
+)
+_register(
+    id="ScriptedNaNRewardRank1-v0",
+    kwargs={"failure": "nan_reward", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 0, 1)},
+)
+_register(
+    id="ScriptedHangRank0-v0",
+    kwargs={"failure": "hang", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 0, 0, 1)},
+)

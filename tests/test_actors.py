@@ -28,13 +28,20 @@ if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can impor
 
 import scripted_env  # noqa: E402
 from helpers import process_alive  # noqa: E402
-from ppo_ddp.actors import ActorError, ActorPool, PolicyKernel  # noqa: E402
+
+from ppo_ddp.actor import PolicyKernel  # noqa: E402
+from ppo_ddp.actor_pool import ActorError, ActorPool  # noqa: E402
 from ppo_ddp.buffers import FLAG_SENTINEL, ROLLOUT_FIELDS, BufferSpec, SharedBuffers  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.envs import env_seed, make_env  # noqa: E402
 from ppo_ddp.model import ActorCritic  # noqa: E402
 from ppo_ddp.normalization import (  # noqa: E402
-    DiscountedReturn, Moments, compute_batch_moments, merge_rms_states, normalize_obs, scale_reward,
+    DiscountedReturn,
+    Moments,
+    compute_batch_moments,
+    merge_rms_states,
+    normalize_obs,
+    scale_reward,
 )
 from ppo_ddp.rollout import compute_gae  # noqa: E402
 
@@ -72,8 +79,15 @@ def assert_released(pool: ActorPool) -> None:
 
 
 def make_cfg(env_id: str, **kw) -> Config:
-    defaults = dict(env_id=env_id, actors_per_gpu=2, envs_per_actor=2, rollout_length=12, num_minibatches=1, seed=3,
-                    actor_timeout=30.0)
+    defaults = dict(
+        env_id=env_id,
+        actors_per_gpu=2,
+        envs_per_actor=2,
+        rollout_length=12,
+        num_minibatches=1,
+        seed=3,
+        actor_timeout=30.0,
+    )
     defaults.update(kw)
     return Config(**defaults)
 
@@ -132,7 +146,12 @@ def test_buffer_layout_sentinel_and_stats():
             got_obs, got_ret = attached.read_stats()
             np.testing.assert_array_equal(got_obs.mean, obs_rms.mean)
             np.testing.assert_array_equal(got_obs.var, obs_rms.var)
-            assert got_obs.count == 10.0 and float(got_ret.mean) == 1.5 and float(got_ret.var) == 4.0 and got_ret.count == 3.0
+            assert (
+                got_obs.count == 10.0
+                and float(got_ret.mean) == 1.5
+                and float(got_ret.var) == 4.0
+                and got_ret.count == 3.0
+            )
             attached.values[1, 4, 2] = 42.0
             assert owner.values[1, 4, 2] == 42.0
         finally:
@@ -162,10 +181,17 @@ def test_scripted_rollout_contents_bootstrap_and_gae():
     T, E, A = cfg.rollout_length, cfg.envs_per_actor, cfg.actors_per_gpu
     rounds = [  # (weights seed, obs stats, return stats): round 1 has no statistics yet
         (0, None, None),
-        (1, Moments(np.array([100.0, 2.0, 3.0]), np.array([9.0, 4.0, 300.0]), 50.0), Moments(np.array(0.5), np.array(2.5), 40.0)),
+        (
+            1,
+            Moments(np.array([100.0, 2.0, 3.0]), np.array([9.0, 4.0, 300.0]), 50.0),
+            Moments(np.array(0.5), np.array(2.5), 40.0),
+        ),
     ]
-    scripts = {(a, e): scripted_env.expected_script(float(env_seed(cfg.seed, 0, a, e) % 1000), (len(rounds) + 1) * T)
-               for a in range(A) for e in range(E)}
+    scripts = {
+        (a, e): scripted_env.expected_script(float(env_seed(cfg.seed, 0, a, e) % 1000), (len(rounds) + 1) * T)
+        for a in range(A)
+        for e in range(E)
+    }
     tags = {scripts[k]["obs"][0, 0] for k in scripts}
     assert len(tags) == A * E, "every env gets its own seed"
     returns_tracker = {a: DiscountedReturn(E, cfg.gamma) for a in range(A)}
@@ -180,7 +206,7 @@ def test_scripted_rollout_contents_bootstrap_and_gae():
             for a in range(A):
                 check_policy_outputs(model, data, a)
                 exp = {k: np.stack([scripts[a, e][k][window] for e in range(E)], axis=1) for k in scripts[a, 0]}
-                raw_next = np.stack([scripts[a, e]["obs"][r * T + 1:(r + 1) * T + 1] for e in range(E)], axis=1)
+                raw_next = np.stack([scripts[a, e]["obs"][r * T + 1 : (r + 1) * T + 1] for e in range(E)], axis=1)
                 ended = exp["terminated"] | exp["truncated"]
                 # what the buffer holds: obs as normalised for the policy, raw rewards, flags
                 np.testing.assert_array_equal(data["obs"][a], normalize_obs(exp["obs"], obs_rms, cfg.obs_clip))
@@ -196,41 +222,56 @@ def test_scripted_rollout_contents_bootstrap_and_gae():
                 expected_next = value_of(model, normalize_obs(next_obs, obs_rms, cfg.obs_clip))
                 np.testing.assert_allclose(data["next_values"][a], expected_next, rtol=1e-5, atol=1e-5)
                 reset_values = value_of(model, normalize_obs(raw_next, obs_rms, cfg.obs_clip))
-                assert not np.isclose(data["next_values"][a][exp["truncated"]], reset_values[exp["truncated"]], atol=1e-4).any()
+                assert not np.isclose(
+                    data["next_values"][a][exp["truncated"]], reset_values[exp["truncated"]], atol=1e-4
+                ).any()
                 # GAE on the recorded data, rewards scaled with the frozen return statistics
                 scaled = scale_reward(data["rewards"][a], ret_rms, cfg.reward_clip)
-                adv, ret = compute_gae(torch.from_numpy(scaled), torch.from_numpy(data["values"][a]),
-                                       torch.from_numpy(expected_next), torch.from_numpy(exp["terminated"]),
-                                       torch.from_numpy(exp["truncated"]), cfg.gamma, cfg.gae_lambda)
+                adv, ret = compute_gae(
+                    torch.from_numpy(scaled),
+                    torch.from_numpy(data["values"][a]),
+                    torch.from_numpy(expected_next),
+                    torch.from_numpy(exp["terminated"]),
+                    torch.from_numpy(exp["truncated"]),
+                    cfg.gamma,
+                    cfg.gae_lambda,
+                )
                 np.testing.assert_allclose(data["advantages"][a], adv.numpy(), rtol=1e-5, atol=1e-5)
                 np.testing.assert_allclose(data["returns"][a], ret.numpy(), rtol=1e-5, atol=1e-5)
                 term = exp["terminated"]  # no bootstrap and no leak from the next episode
-                np.testing.assert_allclose(data["advantages"][a][term], (scaled - data["values"][a])[term], rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(
+                    data["advantages"][a][term], (scaled - data["values"][a])[term], rtol=1e-5, atol=1e-5
+                )
                 trunc_only = exp["truncated"] & ~term
                 np.testing.assert_allclose(
                     data["advantages"][a][trunc_only],
-                    (scaled + cfg.gamma * expected_next - data["values"][a])[trunc_only], rtol=1e-5, atol=1e-5)
+                    (scaled + cfg.gamma * expected_next - data["values"][a])[trunc_only],
+                    rtol=1e-5,
+                    atol=1e-5,
+                )
                 # the report: this round's episodes and increments only
                 rep = reports[a]
-                assert rep.steps == T * E
+                assert rep.obs_moments.count == T * E  # every step of every env, once
                 ep_returns, ep_lengths = [], []
                 for t, e in zip(*np.nonzero(ended)):
                     g = r * T + t
                     starts = np.flatnonzero(scripts[a, e]["terminated"][:g] | scripts[a, e]["truncated"][:g])
                     start = starts[-1] + 1 if starts.size else 0
-                    ep_returns.append(scripts[a, e]["rewards"][start:g + 1].sum())
+                    ep_returns.append(scripts[a, e]["rewards"][start : g + 1].sum())
                     ep_lengths.append(g + 1 - start)
-                assert rep.episodes == len(ep_returns) == int(ended.sum())
+                assert len(rep.episode_returns) == len(ep_returns) == int(ended.sum())
                 np.testing.assert_allclose(rep.episode_returns, ep_returns, rtol=1e-12)
-                assert rep.episode_lengths == ep_lengths and rep.episode_len_sum == sum(ep_lengths)
-                assert rep.episode_return_sum == pytest.approx(sum(ep_returns))
+                assert rep.episode_lengths == ep_lengths
+                assert sum(rep.episode_returns) == pytest.approx(sum(ep_returns))
                 want = compute_batch_moments(exp["obs"].reshape(T * E, 3))
                 np.testing.assert_allclose(rep.obs_moments.mean, want.mean, rtol=1e-12)
                 np.testing.assert_allclose(rep.obs_moments.var, want.var, rtol=1e-12)
                 assert rep.obs_moments.count == T * E
                 discounted = np.stack([returns_tracker[a].update(exp["rewards"][t], ended[t]) for t in range(T)])
                 want = compute_batch_moments(discounted.reshape(-1))
-                np.testing.assert_allclose([rep.return_moments.mean, rep.return_moments.var], [want.mean, want.var], rtol=1e-12)
+                np.testing.assert_allclose(
+                    [rep.return_moments.mean, rep.return_moments.var], [want.mean, want.var], rtol=1e-12
+                )
                 assert rep.return_moments.count == T * E
     assert_released(pool)
 
@@ -267,12 +308,17 @@ def test_mujoco_rollout_matches_replay(env_id):
                     env, obs = replays[a, e]
                     for t in range(T):
                         raw[t, e] = obs
-                        np.testing.assert_array_equal(data["obs"][a, t, e], normalize_obs(obs, obs_rms, cfg.obs_clip),
-                                                      err_msg=f"round {r} actor {a} env {e} step {t}: obs")
+                        np.testing.assert_array_equal(
+                            data["obs"][a, t, e],
+                            normalize_obs(obs, obs_rms, cfg.obs_clip),
+                            err_msg=f"round {r} actor {a} env {e} step {t}: obs",
+                        )
                         action = data["actions"][a, t, e]
                         outside += int(((action < low) | (action > high)).any())
                         obs, reward, term, trunc, _ = env.step(np.clip(action, low, high))
-                        assert np.float32(reward) == data["rewards"][a, t, e], f"round {r} actor {a} env {e} step {t}: reward"
+                        assert np.float32(reward) == data["rewards"][a, t, e], (
+                            f"round {r} actor {a} env {e} step {t}: reward"
+                        )
                         assert (term, trunc) == (bool(data["terminated"][a, t, e]), bool(data["truncated"][a, t, e]))
                         if term or trunc:
                             obs, _ = env.reset()
@@ -286,7 +332,7 @@ def test_mujoco_rollout_matches_replay(env_id):
             ret_rms = merge_rms_states([ret_rms] + [rep.return_moments for rep in reports])
     assert outside > 0, "no sampled action left the bounds: the clipping check proved nothing"
     if env_id == "Hopper-v5":
-        assert any(rep.episodes for rep in reports), "no episode ended: resets untested"
+        assert any(rep.episode_returns for rep in reports), "no episode ended: resets untested"
     for env, _ in replays.values():
         env.close()
     assert_released(pool)
@@ -350,7 +396,9 @@ def test_actor_start_up_failure_is_an_error():
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    pool = ActorPool(make_cfg("scripted_env:NoSuchEnv-v0"), rank=2, num_actors=2, obs_dim=3, act_dim=2, pin_memory=False)
+    pool = ActorPool(
+        make_cfg("scripted_env:NoSuchEnv-v0"), rank=2, num_actors=2, obs_dim=3, act_dim=2, pin_memory=False
+    )
     assert torch.equal(torch.rand(3), expected), "creating a pool must not consume the learner's RNG"
     with pool, pytest.raises(ActorError) as info:
         pool.collect(make_model(pool.cfg, 3, 2, seed=0), None, None)
@@ -358,8 +406,13 @@ def test_actor_start_up_failure_is_an_error():
     assert_released(pool)
 
 
-@pytest.mark.parametrize("env_id,what", [("scripted_env:ScriptedNaNObs-v0", "non-finite observation"),
-                                         ("scripted_env:ScriptedNaNReward-v0", "non-finite reward")])
+@pytest.mark.parametrize(
+    "env_id,what",
+    [
+        ("scripted_env:ScriptedNaNObs-v0", "non-finite observation"),
+        ("scripted_env:ScriptedNaNReward-v0", "non-finite reward"),
+    ],
+)
 def test_non_finite_env_output_is_an_error(env_id, what):
     err, _, _ = _collect_expecting_error(make_cfg(env_id, seed=scripted_env.FAILURE_SEED))
     assert what in str(err) and "rank 0 actor 1" in str(err)
@@ -410,7 +463,7 @@ def test_actors_exit_when_learner_dies(tmp_path):
     script = textwrap.dedent(f"""
         import os, sys
         sys.path[:0] = [{str(TESTS_DIR.parent)!r}, {str(TESTS_DIR)!r}]
-        from ppo_ddp.actors import ActorPool
+        from ppo_ddp.actor_pool import ActorPool
         from ppo_ddp.config import Config
         from ppo_ddp.model import ActorCritic
         if __name__ == "__main__":
@@ -445,7 +498,7 @@ def test_ctrl_c_gives_one_traceback_and_no_orphans(tmp_path):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow exit hangs
         sys.path[:0] = [{str(TESTS_DIR.parent)!r}, {str(TESTS_DIR)!r}]
-        from ppo_ddp.actors import ActorPool
+        from ppo_ddp.actor_pool import ActorPool
         from ppo_ddp.config import Config
         from ppo_ddp.model import ActorCritic
         if __name__ == "__main__":
@@ -460,8 +513,9 @@ def test_ctrl_c_gives_one_traceback_and_no_orphans(tmp_path):
     """)
     stderr = tmp_path / "learner.err"
     with open(stderr, "w") as err:
-        learner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err, text=True,
-                                   start_new_session=True)  # its own process group, like a terminal job
+        learner = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+        )  # its own process group, like a terminal job
         pids = [int(p) for p in learner.stdout.readline().split()]
         time.sleep(0.1)
         os.killpg(learner.pid, signal.SIGINT)
@@ -484,7 +538,9 @@ def _where_it_hangs(pid: int, stderr: Path) -> str:
         dispositions = "".join(line for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
     os.kill(pid, signal.SIGUSR1)
     time.sleep(1.0)
-    ps = subprocess.run(["ps", "-s", str(pid), "-o", "pid,ppid,stat,wchan:30,etime,args"], capture_output=True, text=True)
+    ps = subprocess.run(
+        ["ps", "-s", str(pid), "-o", "pid,ppid,stat,wchan:30,etime,args"], capture_output=True, text=True
+    )
     os.killpg(pid, signal.SIGKILL)
     return f"{dispositions}{ps.stdout}--- its stderr (a stack dump last) ---\n{stderr.read_text()}"
 

@@ -30,9 +30,25 @@ def test_preset_parses_into_a_valid_config(preset):
 
 def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
     tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 1"
-    cmd = [sys.executable, "scripts/benchmark_returns.py", "--envs", "hopper", "--seeds", "1", "2",
-           "--total-timesteps", "128", "--eval-episodes", "2", "--runs-dir", str(tmp_path / "runs"),
-           "--out-dir", str(tmp_path / "out"), "--train-args", tiny]
+    cmd = [
+        sys.executable,
+        "scripts/benchmark_returns.py",
+        "--envs",
+        "hopper",
+        "--seeds",
+        "1",
+        "2",
+        "--total-timesteps",
+        "128",
+        "--eval-episodes",
+        "2",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--out-dir",
+        str(tmp_path / "out"),
+        "--train-args",
+        tiny,
+    ]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -52,16 +68,29 @@ def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
 def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
     # Two timed updates of each trainer: SB3 (one variant), one learner, torchrun with 2 ranks; then the
     # memory check on a short run. Checks the plumbing and the numbers' consistency, not the speed.
-    cmd = [sys.executable, "scripts/bench_throughput.py", "--steps", "4096", "--warmup-rounds", "1",
-           "--sb3", "dummy:1", "--one-learner-shapes", "2x8", "--two-learner-shapes", "1x8",
-           "--work-dir", str(tmp_path / "work")]
+    cmd = [
+        sys.executable,
+        "scripts/bench_throughput.py",
+        "--steps",
+        "4096",
+        "--warmup-rounds",
+        "1",
+        "--sb3",
+        "dummy:1",
+        "--one-learner-shapes",
+        "2x8",
+        "--two-learner-shapes",
+        "1x8",
+        "--work-dir",
+        str(tmp_path / "work"),
+    ]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     rows = {line[:70].strip(): line[70:].split() for line in lines if line.startswith(("SB3 PPO", "ppo_ddp,"))}
     assert len(rows) == 3, proc.stdout
-    for name, cols in rows.items():
+    for cols in rows.values():
         sps, timed = float(cols[0].replace(",", "")), float(cols[1])
         assert sps > 0 and 0 < timed < float(cols[2])  # the timed window is inside the tree's wall time
         assert "main" in " ".join(cols[3:])  # a peak RSS for the trainer's main process
@@ -75,8 +104,13 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
     rounding = 0.005 + expected * (0.5 / ours + 0.5 / theirs) + 1e-9
     assert lines[-1].startswith("ratio ") and float(lines[-1].split()[1]) == pytest.approx(expected, abs=rounding)
 
-    mem = subprocess.run([sys.executable, "scripts/bench_throughput.py", "--memory-rounds", "22",
-                          "--work-dir", str(tmp_path / "mem")], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    mem = subprocess.run(
+        [sys.executable, "scripts/bench_throughput.py", "--memory-rounds", "22", "--work-dir", str(tmp_path / "mem")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert mem.returncode == 0, mem.stdout[-3000:] + mem.stderr[-3000:]
     assert "growth after round 20" in mem.stdout and "limit +5%" in mem.stdout

@@ -30,9 +30,12 @@ def test_the_default_round_fits_a_laptop():
 
 def test_a_block_larger_than_dev_shm_is_refused_naming_the_sizes():
     big = BufferSpec(2, 128, 4096, 17, 6, 10_000)  # about 0.12 GiB of rollout buffers
-    with pytest.raises(ConfigError, match=r"^envs_per_actor=4096: the round of this node \(1 learner\(s\) x actors_per_gpu 2 "
-                                          r"x envs_per_actor 4096 x rollout_length 128\) needs 0\.\d\d GiB of shared memory "
-                                          r"for its rollout buffers, /dev/shm has 0\.06 GiB free"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^envs_per_actor=4096: the round of this node \(1 learner\(s\) x actors_per_gpu 2 "
+        r"x envs_per_actor 4096 x rollout_length 128\) needs 0\.\d\d GiB of shared memory "
+        r"for its rollout buffers, /dev/shm has 0\.06 GiB free",
+    ):
         check_round_fits(big, 1, free_shm=64 * 1024**2, available=None)
     check_round_fits(big, 1, free_shm=None, available=64 * GIB)  # where /dev/shm does not exist: memory alone
 
@@ -45,9 +48,23 @@ def test_a_round_larger_than_memory_is_refused():
 
 def test_impossible_size_exits_2_at_once_with_one_line_and_no_process_left(repo_root, tmp_path):
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "train.py", "--envs-per-actor", "100000", "--rollout-length", "100000",
-                             "--runs-dir", str(tmp_path / "runs")], cwd=repo_root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # its session: its processes
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            "--envs-per-actor",
+            "100000",
+            "--rollout-length",
+            "100000",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ],
+        cwd=repo_root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its session: its processes
     _, stderr = proc.communicate(timeout=60)
     elapsed = time.monotonic() - start
     lines = [line for line in stderr.splitlines() if line.strip()]

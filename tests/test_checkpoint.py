@@ -28,7 +28,7 @@ def trained_model_and_optimizer(seed: int = 0) -> tuple[ActorCritic, torch.optim
 
 
 def full_payload(model, optimizer, obs_rms: Moments, return_rms: Moments) -> dict:
-    """The Method.md keys plus the resume data the trainer keeps beside them."""
+    """The two mandatory keys plus the resume data the trainer keeps beside them."""
     return {
         "actor": model.state_dict(),
         "obs_rms_state": obs_rms.to_state(),
@@ -116,7 +116,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, payload):
     path = tmp_path / "model_run.pt"
     save_checkpoint(path, payload)
     before = path.read_bytes()
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever pickle raises for a lambda: the file must stay whole)
         save_checkpoint(path, {**payload, "iteration": lambda: 13})
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["model_run.pt"]
@@ -145,8 +145,9 @@ def test_truncated_file_is_a_clear_error(tmp_path, payload):
     assert "unreadable (truncated, corrupt or not a torch file)" in unreadable_message(path)
 
 
-@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"not a checkpoint\n" * 20, b""],
-                         ids=["binary garbage", "text", "empty"])
+@pytest.mark.parametrize(
+    "content", [bytes(range(256)) * 4, b"not a checkpoint\n" * 20, b""], ids=["binary garbage", "text", "empty"]
+)
 def test_garbage_file_is_a_clear_error(tmp_path, content):
     path = tmp_path / "model_run.pt"
     path.write_bytes(content)
@@ -167,11 +168,14 @@ def test_pickled_objects_are_refused(tmp_path):
     assert "NotAPlainType" in unreadable_message(path)
 
 
-@pytest.mark.parametrize("content, shown", [
-    ({"actor": {}}, "has ['actor']"),
-    ({"model": {}, "obs_rms": None}, "has ['model', 'obs_rms']"),
-    (torch.zeros(3), "has Tensor"),
-])
+@pytest.mark.parametrize(
+    "content, shown",
+    [
+        ({"actor": {}}, "has ['actor']"),
+        ({"model": {}, "obs_rms": None}, "has ['model', 'obs_rms']"),
+        (torch.zeros(3), "has Tensor"),
+    ],
+)
 def test_a_torch_file_that_is_not_ours_names_the_required_keys(tmp_path, content, shown):
     path = tmp_path / "other.pt"
     torch.save(content, path)

@@ -15,7 +15,15 @@ import re
 import pytest
 
 import ppo_ddp.config as config_module
-from ppo_ddp.config import Config, ConfigError, config_from_dict, config_to_dict, load_yaml_defaults, parse_config, validate
+from ppo_ddp.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    load_yaml_defaults,
+    parse_config,
+    validate,
+)
 
 
 @pytest.fixture
@@ -32,17 +40,27 @@ def yaml_file(tmp_path):
 
 # Each case: (argv builder given a yaml writer, fragment of the one error line).
 CLI_CASES = {
-    "unknown yaml key": (lambda y: ["--config", y("lerning_rate: 0.001\n")],
-                         r"unknown key 'lerning_rate' in .*cfg\.yaml \(allowed: .*learning_rate"),
+    "unknown yaml key": (
+        lambda y: ["--config", y("lerning_rate: 0.001\n")],
+        r"unknown key 'lerning_rate' in .*cfg\.yaml \(allowed: .*learning_rate",
+    ),
     "wrong yaml type": (lambda y: ["--config", y("update_epochs: ten\n")], r"update_epochs='ten': must be an integer"),
     "non-positive count": (lambda y: ["--envs-per-actor", "0"], r"envs_per_actor=0: must be a positive integer"),
     "gamma zero": (lambda y: ["--gamma", "0"], r"gamma=0\.0: must be in \(0, 1\]"),
     "gamma above one": (lambda y: ["--gamma", "1.5"], r"gamma=1\.5: must be in \(0, 1\]"),
     "gae_lambda outside": (lambda y: ["--gae-lambda", "1.1"], r"gae_lambda=1\.1: must be in \[0, 1\]"),
-    "rollout not split": (lambda y: ["--num-minibatches", "7"],
-                          r"num_minibatches=7: must divide the 2048 samples a learner collects per round"),
-    "unknown env id": (lambda y: ["--env-id", "NoSuchRobot-v5"], r"env_id='NoSuchRobot-v5': not a registered gymnasium env"),
-    "discrete actions": (lambda y: ["--env-id", "CartPole-v1"], r"env_id='CartPole-v1': action space is Discrete\(2\).*Box"),
+    "rollout not split": (
+        lambda y: ["--num-minibatches", "7"],
+        r"num_minibatches=7: must divide the 2048 samples a learner collects per round",
+    ),
+    "unknown env id": (
+        lambda y: ["--env-id", "NoSuchRobot-v5"],
+        r"env_id='NoSuchRobot-v5': not a registered gymnasium env",
+    ),
+    "discrete actions": (
+        lambda y: ["--env-id", "CartPole-v1"],
+        r"env_id='CartPole-v1': action space is Discrete\(2\).*Box",
+    ),
 }
 
 
@@ -111,7 +129,11 @@ def field_docstrings() -> dict[str, str]:
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
     docs = {}
     for stmt, following in zip(cls.body, cls.body[1:]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+        ):
             docs[stmt.target.id] = following.value.value
     return docs
 
@@ -138,6 +160,7 @@ def test_help_lists_every_field_with_its_docstring(capsys, monkeypatch):
 
 # ---- validation, in-process ------------------------------------------------------------------------------
 
+
 def exit_line(argv, capsys) -> str:
     with pytest.raises(SystemExit) as exit_info:
         parse_config(argv, check_env=False)
@@ -147,31 +170,39 @@ def exit_line(argv, capsys) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--total-timesteps", "0"], "total_timesteps=0: must be a positive integer"),
-    (["--num-actors", "-1"], "num_actors=-1: must be a positive integer"),
-    (["--update-epochs", "0"], "update_epochs=0: must be a positive integer"),
-    (["--gae-lambda", "-0.1"], r"gae_lambda=-0.1: must be in [0, 1]"),
-    (["--learning-rate", "0"], "learning_rate=0.0: must be > 0"),
-    (["--ent-coef", "-0.01"], "ent_coef=-0.01: must be >= 0"),
-    (["--target-kl", "0"], "target_kl=0.0: must be > 0 or None"),
-    (["--hidden-sizes", "64", "0"], "hidden_sizes=[64, 0]: must be one or more positive integers"),
-    (["--num-minibatches", "3"], "num_minibatches=3: must divide the 2048 samples a learner collects per round"),
-    (["--actors-per-gpu", "1", "--envs-per-actor", "3", "--rollout-length", "5", "--num-minibatches", "2"],
-     "(actors_per_gpu 1 * envs_per_actor 3 * rollout_length 5)"),
-    (["--num-actors", "8", "--num-gpus", "2", "--actors-per-gpu", "3"], "num_actors=8 must equal num_gpus * actors_per_gpu"),
-    (["--resume", "no/such/checkpoint.pt"], "resume='no/such/checkpoint.pt': must be 'auto' or the path"),
-    (["--config", "no/such/file.yaml"], "config='no/such/file.yaml': no such file"),
-    (["--config"], "config: --config needs the path of a YAML file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--total-timesteps", "0"], "total_timesteps=0: must be a positive integer"),
+        (["--num-actors", "-1"], "num_actors=-1: must be a positive integer"),
+        (["--update-epochs", "0"], "update_epochs=0: must be a positive integer"),
+        (["--gae-lambda", "-0.1"], r"gae_lambda=-0.1: must be in [0, 1]"),
+        (["--learning-rate", "0"], "learning_rate=0.0: must be > 0"),
+        (["--ent-coef", "-0.01"], "ent_coef=-0.01: must be >= 0"),
+        (["--target-kl", "0"], "target_kl=0.0: must be > 0 or None"),
+        (["--hidden-sizes", "64", "0"], "hidden_sizes=[64, 0]: must be one or more positive integers"),
+        (["--num-minibatches", "3"], "num_minibatches=3: must divide the 2048 samples a learner collects per round"),
+        (
+            ["--actors-per-gpu", "1", "--envs-per-actor", "3", "--rollout-length", "5", "--num-minibatches", "2"],
+            "(actors_per_gpu 1 * envs_per_actor 3 * rollout_length 5)",
+        ),
+        (
+            ["--num-actors", "8", "--num-gpus", "2", "--actors-per-gpu", "3"],
+            "num_actors=8 must equal num_gpus * actors_per_gpu",
+        ),
+        (["--resume", "no/such/checkpoint.pt"], "resume='no/such/checkpoint.pt': must be 'auto' or the path"),
+        (["--config", "no/such/file.yaml"], "config='no/such/file.yaml': no such file"),
+        (["--config"], "config: --config needs the path of a YAML file"),
+    ],
+)
 def test_validation_messages(argv, message, capsys):
     assert message in exit_line(argv, capsys)
 
 
-@pytest.mark.parametrize("argv, shown", [
-    (["--gamma", "abc"], "could not convert string to float: 'abc'"),
-    (["--no-such-flag", "3"], "--no-such-flag"),
-])
+@pytest.mark.parametrize(
+    "argv, shown",
+    [(["--gamma", "abc"], "could not convert string to float: 'abc'"), (["--no-such-flag", "3"], "--no-such-flag")],
+)
 def test_flags_tyro_cannot_parse_exit_2_without_traceback(argv, shown, capsys):
     # tyro's own (boxed, multi-line) message, but the same contract: exit 2, the culprit named, no traceback.
     with pytest.raises(SystemExit) as exit_info:
@@ -181,16 +212,19 @@ def test_flags_tyro_cannot_parse_exit_2_without_traceback(argv, shown, capsys):
     assert shown in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("text, message", [
-    ("env-id: Hopper-v5\n", "did you mean 'env_id'?"),
-    ("- gamma\n- 0.9\n", "must be a YAML mapping"),
-    ("gamma: [0.9\n", "not a readable YAML file"),
-    ("hidden_sizes: 64\n", "hidden_sizes=64: must be a list of integers"),
-    ("normalize_obs: 1\n", "normalize_obs=1: must be true or false"),
-    ("activation: sigmoid\n", "activation='sigmoid': must be one of tanh, relu, elu"),
-    ("num_gpus: true\n", "num_gpus=True: must be an integer"),
-    ("gamma: 2\n", "gamma=2.0: must be in (0, 1]"),  # a well-typed YAML value is still validated
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("env-id: Hopper-v5\n", "did you mean 'env_id'?"),
+        ("- gamma\n- 0.9\n", "must be a YAML mapping"),
+        ("gamma: [0.9\n", "not a readable YAML file"),
+        ("hidden_sizes: 64\n", "hidden_sizes=64: must be a list of integers"),
+        ("normalize_obs: 1\n", "normalize_obs=1: must be true or false"),
+        ("activation: sigmoid\n", "activation='sigmoid': must be one of tanh, relu, elu"),
+        ("num_gpus: true\n", "num_gpus=True: must be an integer"),
+        ("gamma: 2\n", "gamma=2.0: must be in (0, 1]"),  # a well-typed YAML value is still validated
+    ],
+)
 def test_yaml_errors(text, message, yaml_file, capsys):
     assert message in exit_line(["--config", yaml_file(text)], capsys)
 

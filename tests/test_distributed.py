@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ppo_ddp import distributed as D
-from ppo_ddp.model import ActorCritic
+from ppo_ddp.model import ActorCritic, flatten_parameters_
 from ppo_ddp.normalization import compute_batch_moments
 
 WORLD = 2
@@ -25,8 +25,14 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, port: int, results) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     try:
         with D.process_group() as ctx:
             assert (ctx.rank, ctx.world_size, ctx.device.type) == (rank, WORLD, "cpu")
@@ -34,8 +40,9 @@ def _worker(rank: int, port: int, results) -> None:
             # Different weights per rank (different seeds), then one average.
             torch.manual_seed(100 + rank)
             model = ActorCritic(5, 2)
+            flat, _ = flatten_parameters_(model)  # as the learner holds them
             out["before"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
-            D.average_parameters(ctx, model)
+            D.average_parameters(ctx, flat)
             out["after"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
             # Each rank holds a disjoint chunk of data of a different size.
             rng = np.random.default_rng(rank)
@@ -43,8 +50,14 @@ def _worker(rank: int, port: int, results) -> None:
             out["data"] = data
             # three sets in one collective: [N, 3] rows, a scalar column, and a set rank 0 does not have
             merged, column, partial = D.merge_moments_across_ranks(
-                ctx, [compute_batch_moments(data), compute_batch_moments(data[:, 0]),
-                      None if rank == 0 else compute_batch_moments(data)], [(3,), (), (3,)])
+                ctx,
+                [
+                    compute_batch_moments(data),
+                    compute_batch_moments(data[:, 0]),
+                    None if rank == 0 else compute_batch_moments(data),
+                ],
+                [(3,), (), (3,)],
+            )
             out["merged"] = (merged.mean, merged.var, merged.count)
             out["column"] = (column.mean, column.var, column.count)
             out["none_merge"] = partial.count

@@ -1,4 +1,4 @@
-"""Learner.train_step on synthetic on-policy batches: the PPO update contract of DESIGN.md step 5."""
+"""Learner.train_step on synthetic on-policy batches: the PPO update contract (docs/design.md, "a round", step 5)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,14 @@ def test_metrics_and_buffer_size():
     assert m["charts/buffer_size"] == B
     assert m["losses/epochs"] == 2
     assert m["charts/learning_rate"] == Config().learning_rate
-    for key in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
-                "losses/clipfrac", "losses/explained_variance"):
+    for key in (
+        "losses/policy_loss",
+        "losses/value_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "losses/explained_variance",
+    ):
         assert torch.isfinite(torch.tensor(m[key])), key
 
 
@@ -120,7 +126,7 @@ def reference_round(cfg: Config, model: ActorCritic, batch: RolloutBatch, seed: 
     for _ in range(cfg.update_epochs):
         permutation = torch.randperm(len(batch), generator=generator)
         for start in range(0, len(batch), size):
-            idx = permutation[start:start + size]
+            idx = permutation[start : start + size]
             mean = model.action_mean(batch.obs[idx])
             std = model.actor_logstd.exp().expand_as(mean)
             dist = torch.distributions.Normal(mean, std)
@@ -150,7 +156,9 @@ def test_fast_update_equals_the_textbook_update():
     for p, q in zip(reference.parameters(), learner.model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
     assert abs(metrics["losses/policy_loss"] - sum(expected_pg) / len(expected_pg)) < 1e-5
-    assert max(p.sub(q).abs().max().item() for p, q in zip(reference.parameters(), make(cfg)[0].model.parameters())) > 1e-3
+    assert (
+        max(p.sub(q).abs().max().item() for p, q in zip(reference.parameters(), make(cfg)[0].model.parameters())) > 1e-3
+    )
 
 
 def test_parameters_and_gradients_live_in_the_flat_buffers():
@@ -163,7 +171,7 @@ def test_parameters_and_gradients_live_in_the_flat_buffers():
     for p in params:  # still views after backward and the optimizer step: nothing was cut loose
         assert p.data_ptr() == flat.data_ptr() + offset * flat.element_size()
         assert p.grad.data_ptr() == grads.data_ptr() + offset * grads.element_size()
-        assert torch.equal(p.detach().reshape(-1), flat.detach()[offset:offset + p.numel()])
+        assert torch.equal(p.detach().reshape(-1), flat.detach()[offset : offset + p.numel()])
         offset += p.numel()
     # loading a state dict writes through to the buffer the optimizer steps
     state = {k: torch.zeros_like(v) for k, v in learner.model.state_dict().items()}
@@ -179,7 +187,9 @@ class NoFloat64(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = super().__torch_function__(func, types, args, kwargs)
-        if func is torch.Tensor.cpu or (func is torch.Tensor.to and "cpu" in [str(a) for a in (*args[1:], *kwargs.values())]):
+        if func is torch.Tensor.cpu or (
+            func is torch.Tensor.to and "cpu" in [str(a) for a in (*args[1:], *kwargs.values())]
+        ):
             return out.as_subclass(torch.Tensor)
         results = out if isinstance(out, (tuple, list)) else (out,)
         if any(isinstance(r, torch.Tensor) and r.dtype == torch.float64 for r in results):

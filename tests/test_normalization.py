@@ -42,6 +42,7 @@ def chunks(data: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
 
 # ---- compute_batch_moments ----------------------------------------------------------------------------
 
+
 def test_batch_moments_are_float64_population_moments():
     x = np.array([[1.0, 10.0], [2.0, 10.0], [6.0, 10.0]], dtype=np.float32)
     m = compute_batch_moments(x)
@@ -54,10 +55,14 @@ def test_batch_moments_are_float64_population_moments():
 
 def test_batch_moments_of_a_torch_tensor_match_numpy():
     x = observations(20)
-    assert_moments_close(compute_batch_moments(torch.from_numpy(x).float()), compute_batch_moments(x.astype(np.float32)))
+    assert_moments_close(
+        compute_batch_moments(torch.from_numpy(x).float()), compute_batch_moments(x.astype(np.float32))
+    )
 
 
-@pytest.mark.parametrize("bad", [np.zeros((0, 3)), np.zeros((0,)), np.float64(1.0)], ids=["no rows", "empty 1-D", "scalar"])
+@pytest.mark.parametrize(
+    "bad", [np.zeros((0, 3)), np.zeros((0,)), np.float64(1.0)], ids=["no rows", "empty 1-D", "scalar"]
+)
 def test_empty_input_is_an_error(bad):
     with pytest.raises(ValueError, match="empty"):
         compute_batch_moments(bad)
@@ -74,11 +79,16 @@ def test_non_finite_input_is_an_error(bad_value):
 
 # ---- merge_rms_states -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sizes", [
-    [1, 7, 1, 50, 13, 1, 127],   # unequal sizes, single rows in between
-    [1] * 20,                    # only single rows: each has variance 0
-    [199, 1],                    # one row merged into a large batch
-], ids=["mixed", "single rows", "one late row"])
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [1, 7, 1, 50, 13, 1, 127],  # unequal sizes, single rows in between
+        [1] * 20,  # only single rows: each has variance 0
+        [199, 1],  # one row merged into a large batch
+    ],
+    ids=["mixed", "single rows", "one late row"],
+)
 def test_merging_chunks_equals_moments_of_the_concatenation(sizes):
     data = observations(sum(sizes))
     merged = merge_rms_states(compute_batch_moments(c) for c in chunks(data, sizes))
@@ -163,6 +173,7 @@ def test_scalar_moments_merge_like_vectors():
 
 # ---- Moments state ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("data", [observations(30), np.arange(7.0)], ids=["vector", "scalar"])
 def test_moments_state_round_trip(data):
     m = compute_batch_moments(data)
@@ -185,6 +196,7 @@ def test_moments_state_is_a_copy():
 
 
 # ---- normalize_obs / scale_reward ------------------------------------------------------------------------
+
 
 def test_normalize_obs_standardises_and_clips():
     state = Moments(mean=np.array([1.0, -2.0, 0.0]), var=np.array([4.0, 0.25, 1.0]), count=10.0)
@@ -226,6 +238,7 @@ def test_scale_reward_divides_by_return_std_without_centering_and_clips():
 
 
 # ---- DiscountedReturn ------------------------------------------------------------------------------------
+
 
 def test_discounted_return_accumulates_and_restarts_at_episode_end():
     tracker = DiscountedReturn(num_envs=2, gamma=0.5)

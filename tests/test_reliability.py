@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from helpers import process_alive
-from ppo_ddp.config import Config
 from test_train import SMALL, read_csv
+
+from ppo_ddp.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -39,7 +39,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 class Launch:
     """A background launch (train.py or torchrun) with its output in files, so nothing blocks on a pipe."""
 
-    def __init__(self, args: list[str], out_dir: Path, name: str, debug: Optional[Path] = None, new_session: bool = False):
+    def __init__(
+        self, args: list[str], out_dir: Path, name: str, debug: Optional[Path] = None, new_session: bool = False
+    ):
         env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
         # this checkout's package, and tests/ for the scripted envs (`scripted_env:...` ids)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(TESTS), env.get("PYTHONPATH")) if p)
@@ -49,8 +51,9 @@ class Launch:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = out_dir / f"{name}.out", out_dir / f"{name}.err"
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         start_new_session=new_session)
+            self.proc = subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=new_session
+            )
         self.started = time.monotonic()
         self.ended: Optional[float] = None
 
@@ -106,7 +109,9 @@ def steps_after(rounds: int) -> int:
     return (rounds + 1) * STEPS_PER_ROUND
 
 
-def torchrun(tmp_path: Path, run_name: Optional[str], rounds: int, *extra: str, launcher: tuple[str, ...] = ()) -> list[str]:
+def torchrun(
+    tmp_path: Path, run_name: Optional[str], rounds: int, *extra: str, launcher: tuple[str, ...] = ()
+) -> list[str]:
     return [*TORCHRUN, "--standalone", "--nproc_per_node=2", *launcher, *train_args(tmp_path, run_name, rounds, *extra)]
 
 
@@ -145,8 +150,16 @@ def tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
 
 # ------------------------------------------------------------ 1-2: a stop signal on one rank, then resume
 ROUNDS = 16  # the stop lands around round 4; the margin is for a slow machine
-DETERMINISTIC = ("losses/policy_loss", "losses/value_loss", "losses/approx_kl", "losses/clipfrac", "losses/entropy",
-                 "charts/learning_rate", "charts/episodic_return", "charts/episodes")
+DETERMINISTIC = (
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/entropy",
+    "charts/learning_rate",
+    "charts/episodic_return",
+    "charts/episodes",
+)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +176,7 @@ def runs(tmp_path_factory):
     signalled = time.monotonic()
     i_rc = i.wait()
 
-    line = next((l for l in i.stdout.splitlines() if l.startswith("stopped by")), None)
+    line = next((text for text in i.stdout.splitlines() if text.startswith("stopped by")), None)
     assert line is not None, i.output()
     command = shlex.split(line.split("Resume with: ", 1)[1])
     assert command[:3] == ["torchrun", "--standalone", "--nproc_per_node=2"], command
@@ -171,8 +184,16 @@ def runs(tmp_path_factory):
     stopped.write_bytes((tmp / "runs" / "r" / "model_r.pt").read_bytes())
     r = Launch([*TORCHRUN, *command[1:]], tmp, "r", debug=tmp / "debug_r")
     assert r.wait() == 0, r.output()
-    return {"tmp": tmp, "u": u, "i": i, "i_rc": i_rc, "r": r, "stop_seconds": i.ended - signalled, "line": line,
-            "stopped": torch.load(stopped, weights_only=True)}
+    return {
+        "tmp": tmp,
+        "u": u,
+        "i": i,
+        "i_rc": i_rc,
+        "r": r,
+        "stop_seconds": i.ended - signalled,
+        "line": line,
+        "stopped": torch.load(stopped, weights_only=True),
+    }
 
 
 def stopped_round(runs) -> int:
@@ -227,8 +248,11 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     # re-merged); the data differ (the envs restart their episodes), so the losses only roughly
     for u, r in zip(u_rows[k:], r_rows[k:]):
         assert u["charts/learning_rate"] == r["charts/learning_rate"]
-    assert_same_state(dump(tmp / "debug_r", 0, k + 1)["frozen_obs_rms"], dump(tmp / "debug_u", 0, k + 1)["frozen_obs_rms"],
-                      "statistics the actors used in the first resumed round")
+    assert_same_state(
+        dump(tmp / "debug_r", 0, k + 1)["frozen_obs_rms"],
+        dump(tmp / "debug_u", 0, k + 1)["frozen_obs_rms"],
+        "statistics the actors used in the first resumed round",
+    )
     u_end, r_end = dump(tmp / "debug_u", 0, ROUNDS), dump(tmp / "debug_r", 0, ROUNDS)
     assert r_end["obs_rms"]["count"] == u_end["obs_rms"]["count"] == steps_after(ROUNDS)
     # Parameters: the resumed run moved from the same round-k point on other episodes. Tolerance
@@ -249,8 +273,22 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
 def test_resume_on_another_world_size(runs, tmp_path):
     """The 2-rank checkpoint on one learner: rank 0's state for everyone, said in a line, then training goes on."""
     k = stopped_round(runs)
-    run = Launch([sys.executable, *train_args(tmp_path, "w", 0, "--total-timesteps", str(steps_after(k) + 64),
-                                              "--resume", str(runs["tmp"] / "stopped.pt"))], tmp_path, "w")
+    run = Launch(
+        [
+            sys.executable,
+            *train_args(
+                tmp_path,
+                "w",
+                0,
+                "--total-timesteps",
+                str(steps_after(k) + 64),
+                "--resume",
+                str(runs["tmp"] / "stopped.pt"),
+            ),
+        ],
+        tmp_path,
+        "w",
+    )
     assert run.wait() == 0, run.output()
     assert "the checkpoint was written by 2 rank(s), this run has 1" in run.stdout, run.output()
     state = torch.load(tmp_path / "runs" / "w" / "model_w.pt", weights_only=True)
@@ -270,8 +308,16 @@ def test_learning_rate_follows_the_steps_across_resumes(runs, tmp_path):
     k, total = stopped_round(runs), steps_after(ROUNDS)
     check(read_csv(runs["tmp"] / "runs" / "r" / "metrics.csv")[:k], total, STEPS_PER_ROUND)  # after round 0
     for name, run_total in (("one_rank", total), ("longer", total + 4 * 64)):
-        run = Launch([sys.executable, *train_args(tmp_path, name, 0, "--total-timesteps", str(run_total),
-                                                  "--resume", str(runs["tmp"] / "stopped.pt"))], tmp_path, name)
+        run = Launch(
+            [
+                sys.executable,
+                *train_args(
+                    tmp_path, name, 0, "--total-timesteps", str(run_total), "--resume", str(runs["tmp"] / "stopped.pt")
+                ),
+            ],
+            tmp_path,
+            name,
+        )
         assert run.wait() == 0, run.output()
         rows = read_csv(tmp_path / "runs" / name / "metrics.csv")
         assert int(rows[-1]["global_step"]) == run_total and len(rows) == (run_total - steps_after(k)) // 64
@@ -280,9 +326,25 @@ def test_learning_rate_follows_the_steps_across_resumes(runs, tmp_path):
 
 def test_learning_rate_of_the_command_line_wins_over_the_checkpoints(runs, tmp_path):
     k = stopped_round(runs)
-    run = Launch([sys.executable, *train_args(tmp_path, "lr", 0, "--total-timesteps", str(steps_after(k) + 64),
-                                              "--resume", str(runs["tmp"] / "stopped.pt"), "--no-anneal-lr",
-                                              "--learning-rate", "0.001")], tmp_path, "lr")
+    run = Launch(
+        [
+            sys.executable,
+            *train_args(
+                tmp_path,
+                "lr",
+                0,
+                "--total-timesteps",
+                str(steps_after(k) + 64),
+                "--resume",
+                str(runs["tmp"] / "stopped.pt"),
+                "--no-anneal-lr",
+                "--learning-rate",
+                "0.001",
+            ),
+        ],
+        tmp_path,
+        "lr",
+    )
     assert run.wait() == 0, run.output()
     assert float(read_csv(tmp_path / "runs" / "lr" / "metrics.csv")[-1]["charts/learning_rate"]) == 0.001
     assert "learning_rate 0.001 (this run's) replaces the checkpoint's" in run.stdout, run.output()
@@ -296,7 +358,7 @@ def test_ctrl_c_to_torchrun_stops_saves_and_exits_130(tmp_path):
     os.killpg(run.proc.pid, signal.SIGINT)
     run.wait()
     assert sorted(worker_exit_codes(run.stderr)) in ([], [130, 130]), run.output()  # the report lists failures, if any
-    line = next(l for l in run.stdout.splitlines() if l.startswith("stopped by SIGINT"))
+    line = next(text for text in run.stdout.splitlines() if text.startswith("stopped by SIGINT"))
     k = int(re.search(r"after round (\d+) of", line).group(1))
     assert torch.load(tmp_path / "runs" / "c" / "model_c.pt", weights_only=True)["iteration"] == k
     assert "stopping after this round" in run.stderr  # said once, by rank 0, when the signal arrived
@@ -306,8 +368,15 @@ def test_ctrl_c_to_torchrun_stops_saves_and_exits_130(tmp_path):
 def test_second_ctrl_c_quits_at_once_and_leaves_whole_files(tmp_path):
     """python train.py whose round 3 hangs in an actor: the first Ctrl-C waits for a round that does not end,
     the second quits at once; the round-2 checkpoint stays whole, no actor or temp file is left."""
-    run = Launch([sys.executable, *train_args(tmp_path, "h", 10, "--env-id", "scripted_env:ScriptedHangRank0-v0",
-                                              "--seed", "7")], tmp_path, "h", debug=tmp_path / "debug")
+    run = Launch(
+        [
+            sys.executable,
+            *train_args(tmp_path, "h", 10, "--env-id", "scripted_env:ScriptedHangRank0-v0", "--seed", "7"),
+        ],
+        tmp_path,
+        "h",
+        debug=tmp_path / "debug",
+    )
     actors = run.wait_for_dump(0, 2)["actor_pids"]
     time.sleep(0.5)  # round 3 is hanging now
     run.proc.send_signal(signal.SIGINT)
@@ -336,7 +405,9 @@ def test_elastic_restart_after_sigkill_continues_from_the_last_checkpoint(tmp_pa
     os.kill(run.wait_for_dump(1, 3)["pid"], signal.SIGKILL)
     assert run.wait() == 0, run.output()
     (run_dir,) = (tmp_path / "runs").iterdir()
-    resumed = re.search(rf"resumed from .*model_{re.escape(run_dir.name)}\.pt at round (\d+), step \d+ \(restart 1", run.stdout)
+    resumed = re.search(
+        rf"resumed from .*model_{re.escape(run_dir.name)}\.pt at round (\d+), step \d+ \(restart 1", run.stdout
+    )
     assert resumed and int(resumed.group(1)) % 2 == 0, run.output()  # the last save (every 2 rounds) before the kill
     rows = read_csv(run_dir / "metrics.csv")
     assert [int(r["iteration"]) for r in rows] == list(range(1, 9))  # rounds redone after the restart appear once
@@ -359,12 +430,16 @@ def test_rank_killed_without_restarts_stops_every_rank(tmp_path):
 
 
 FAULTS = {
-    "actor exception": ("scripted_env:ScriptedRaiseRank1-v0",
-                        r"rank 1 actor 0 failed \(env 1, step 6, round 3\): EnvError: env 1 failed at step 6 of round 3: "
-                        r"RuntimeError: scripted failure at lifetime step 102"),
-    "non-finite reward": ("scripted_env:ScriptedNaNRewardRank1-v0",
-                          r"rank 1 actor 0 failed \(env 1, step 6, round 3\): EnvError: env 1 returned a non-finite reward "
-                          r"nan at step 6 of round 3"),
+    "actor exception": (
+        "scripted_env:ScriptedRaiseRank1-v0",
+        r"rank 1 actor 0 failed \(env 1, step 6, round 3\): EnvError: env 1 failed at step 6 of round 3: "
+        r"RuntimeError: scripted failure at lifetime step 102",
+    ),
+    "non-finite reward": (
+        "scripted_env:ScriptedNaNRewardRank1-v0",
+        r"rank 1 actor 0 failed \(env 1, step 6, round 3\): EnvError: env 1 returned a non-finite reward "
+        r"nan at step 6 of round 3",
+    ),
     "actor killed": (None, r"rank 1 actor 0 \(pid \d+\) died unexpectedly, exit code -9 \(killed by SIGKILL\)"),
 }
 
@@ -381,14 +456,16 @@ def test_fault_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(fault,
     assert run.wait() == 1, run.output()
     assert run.ended - faulted < FAULT_BOUND
     assert sorted(worker_exit_codes(run.stderr)) == [1, 1], run.output()  # every rank, non-zero
-    errors = [l for l in run.stderr.splitlines() if l.startswith("train.py: error:")]
+    errors = [text for text in run.stderr.splitlines() if text.startswith("train.py: error:")]
     assert len(errors) == 1, run.output()  # one line for the user, from rank 0
     assert re.search(message, errors[0]), errors[0]
     kept = tmp_path / "runs" / "f" / "model_f.pt"
     assert f"(kept the last good checkpoint {kept}, round " in errors[0]
     state = torch.load(kept, weights_only=True)  # whole, and the state of a round that finished
     k = state["iteration"]
-    assert k >= 2 and torch.equal(torch.cat([v.reshape(-1) for v in state["actor"].values()]), dump(run.debug, 0, k)["params"])
+    assert k >= 2 and torch.equal(
+        torch.cat([v.reshape(-1) for v in state["actor"].values()]), dump(run.debug, 0, k)["params"]
+    )
     assert "[rank0]" not in run.stderr and "[rank1]" not in run.stderr
     if env_id is not None:  # the failing rank printed the actor's traceback, once
         assert run.stderr.count("--- traceback in actor process (rank 1 actor 0) ---") == 1
@@ -396,8 +473,15 @@ def test_fault_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(fault,
 
 
 # ----------------------------------------------------------------------------------- 5: bad input
-def fake_checkpoint(path: Path, env_id: str = "Hopper-v5", obs_dim: int = 11, act_dim: int = 3,
-                    hidden: tuple[int, ...] = (64, 64), policy_only: bool = False, per_tensor_adam: bool = False) -> Path:
+def fake_checkpoint(
+    path: Path,
+    env_id: str = "Hopper-v5",
+    obs_dim: int = 11,
+    act_dim: int = 3,
+    hidden: tuple[int, ...] = (64, 64),
+    policy_only: bool = False,
+    per_tensor_adam: bool = False,
+) -> Path:
     """A checkpoint as the trainer writes one, without training (cheap); per_tensor_adam: as before the
     learner's flat parameters (one Adam state per tensor)."""
     from ppo_ddp.checkpoint import save_checkpoint
@@ -409,9 +493,19 @@ def fake_checkpoint(path: Path, env_id: str = "Hopper-v5", obs_dim: int = 11, ac
     payload = {"actor": model.state_dict(), "obs_rms_state": None}
     if not policy_only:
         cfg = Config(env_id=env_id, hidden_sizes=hidden)
-        payload.update(optimizer=optimizer.state_dict(), generator=torch.Generator().get_state(), iteration=3,
-                       global_step=384, best_return=1.0, config=config_to_dict(cfg), env_id=env_id, obs_dim=obs_dim,
-                       act_dim=act_dim, world_size=1, run_name="x")
+        payload.update(
+            optimizer=optimizer.state_dict(),
+            generator=torch.Generator().get_state(),
+            iteration=3,
+            global_step=384,
+            best_return=1.0,
+            config=config_to_dict(cfg),
+            env_id=env_id,
+            obs_dim=obs_dim,
+            act_dim=act_dim,
+            world_size=1,
+            run_name="x",
+        )
     save_checkpoint(path, payload)
     return path
 
@@ -444,21 +538,40 @@ def _plain_tensor(tmp_path: Path) -> Path:
 # (checkpoint maker, flags, the one line's pattern); run through main() in-process, as train.py would
 CHECKPOINT_CASES = {
     "corrupt file": (_corrupt, [], r"checkpoint .*garbage\.pt: unreadable \(truncated, corrupt or not a torch file\)"),
-    "truncated file": (_truncated, [], r"checkpoint .*truncated\.pt: unreadable \(truncated, corrupt or not a torch file\)"),
+    "truncated file": (
+        _truncated,
+        [],
+        r"checkpoint .*truncated\.pt: unreadable \(truncated, corrupt or not a torch file\)",
+    ),
     "pickled objects": (_pickled_object, [], r"checkpoint .*pickled\.pt: unreadable .*Unsupported global"),
     "not a ppo_ddp checkpoint": (_plain_tensor, [], r"checkpoint .*tensor\.pt: not a ppo_ddp checkpoint"),
-    "another env": (lambda t: fake_checkpoint(t / "walker.pt", "Walker2d-v5", 17, 6), [],
-                    r"resume='.*walker\.pt': checkpoint is for Walker2d-v5 \(obs 17, act 6\), this run is Hopper-v5 \(obs 11, act 3\)"),
-    "another network shape": (lambda t: fake_checkpoint(t / "wide.pt", hidden=(32, 32)), [],
-                              r"resume='.*wide\.pt': checkpoint's network is hidden_sizes \[32, 32\] activation tanh, "
-                              r"this run's is hidden_sizes \[64, 64\] activation tanh"),
-    "another activation": (lambda t: fake_checkpoint(t / "tanh.pt"), ["--activation", "relu"],
-                           r"resume='.*tanh\.pt': checkpoint's network is .* activation tanh, this run's is .* activation relu"),
-    "policy-only file": (lambda t: fake_checkpoint(t / "policy.pt", policy_only=True), [],
-                         r"resume='.*policy\.pt': checkpoint has no 'optimizer' \(a policy-only file cannot resume training\)"),
-    "per-tensor Adam": (lambda t: fake_checkpoint(t / "old.pt", per_tensor_adam=True), [],
-                        r"resume='.*old\.pt': checkpoint's optimizer state has 13 parameter tensors, this learner steps one "
-                        r"flat tensor \(a checkpoint of an earlier ppo_ddp\): it can be evaluated but not resumed"),
+    "another env": (
+        lambda t: fake_checkpoint(t / "walker.pt", "Walker2d-v5", 17, 6),
+        [],
+        r"resume='.*walker\.pt': checkpoint is for Walker2d-v5 \(obs 17, act 6\), this run is Hopper-v5 \(obs 11, act 3\)",  # noqa: E501
+    ),
+    "another network shape": (
+        lambda t: fake_checkpoint(t / "wide.pt", hidden=(32, 32)),
+        [],
+        r"resume='.*wide\.pt': checkpoint's network is hidden_sizes \[32, 32\] activation tanh, "
+        r"this run's is hidden_sizes \[64, 64\] activation tanh",
+    ),
+    "another activation": (
+        lambda t: fake_checkpoint(t / "tanh.pt"),
+        ["--activation", "relu"],
+        r"resume='.*tanh\.pt': checkpoint's network is .* activation tanh, this run's is .* activation relu",
+    ),
+    "policy-only file": (
+        lambda t: fake_checkpoint(t / "policy.pt", policy_only=True),
+        [],
+        r"resume='.*policy\.pt': checkpoint has no 'optimizer' \(a policy-only file cannot resume training\)",
+    ),
+    "per-tensor Adam": (
+        lambda t: fake_checkpoint(t / "old.pt", per_tensor_adam=True),
+        [],
+        r"resume='.*old\.pt': checkpoint's optimizer state has 13 parameter tensors, this learner steps one "
+        r"flat tensor \(a checkpoint of an earlier ppo_ddp\): it can be evaluated but not resumed",
+    ),
 }
 
 
@@ -473,7 +586,7 @@ def restore_signal_handlers():
 @pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
 def test_bad_checkpoint_is_one_line_and_exit_2(case, tmp_path, capsys, restore_signal_handlers):
     from ppo_ddp.config import parse_config
-    from ppo_ddp.trainer import main
+    from ppo_ddp.launch import main
 
     make, flags, message = CHECKPOINT_CASES[case]
     path = make(tmp_path)
@@ -482,18 +595,24 @@ def test_bad_checkpoint_is_one_line_and_exit_2(case, tmp_path, capsys, restore_s
         main(cfg)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    lines = [l for l in err.splitlines() if l.strip()]
+    lines = [text for text in err.splitlines() if text.strip()]
     assert len(lines) == 1, err
     assert re.fullmatch(r"train\.py: error: " + message + ".*", lines[0]), lines[0]
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing started
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--resume", "auto"], "resume='auto': needs --run-name: the run whose latest checkpoint to continue"),
-    (["--resume", "."], "resume='.': must be 'auto' or the path of an existing checkpoint file"),
-    (["--run-name", "a/b"], "run_name='a/b': must be a folder name (not empty, no '/')"),
-    (["--env-id", "no_such_module:Env-v0"], "env_id='no_such_module:Env-v0': cannot import module 'no_such_module'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--resume", "auto"], "resume='auto': needs --run-name: the run whose latest checkpoint to continue"),
+        (["--resume", "."], "resume='.': must be 'auto' or the path of an existing checkpoint file"),
+        (["--run-name", "a/b"], "run_name='a/b': must be a folder name (not empty, no '/')"),
+        (
+            ["--env-id", "no_such_module:Env-v0"],
+            "env_id='no_such_module:Env-v0': cannot import module 'no_such_module'",
+        ),
+    ],
+)
 def test_bad_resume_and_run_flags(argv, message, capsys):
     from ppo_ddp.config import parse_config
 
@@ -511,25 +630,47 @@ def test_unwritable_runs_dir_is_one_line_and_exit_2(tmp_path, run_train):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert re.fullmatch(rf"train\.py: error: runs_dir='{re.escape(str(blocker))}': cannot write the run folder "
-                        rf"{re.escape(str(blocker))}/\S+: Not a directory", lines[0]), lines[0]
+    assert re.fullmatch(
+        rf"train\.py: error: runs_dir='{re.escape(str(blocker))}': cannot write the run folder "
+        rf"{re.escape(str(blocker))}/\S+: Not a directory",
+        lines[0],
+    ), lines[0]
 
 
 def test_corrupt_checkpoint_from_the_command_line(tmp_path, run_train):
     proc = run_train(*SMALL, "--resume", str(_corrupt(tmp_path)), "--runs-dir", str(tmp_path / "runs"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("train.py: error: checkpoint ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("train.py: error: checkpoint ") and len(proc.stderr.strip().splitlines()) == 1, (
+        proc.stderr
+    )
 
 
 def test_torchrun_topology_that_does_not_fit_is_one_line_per_node(tmp_path):
-    # 3 actors are fine for one learner (validated before the launch) but cannot be split over the 2 that torchrun starts
-    args = ["train.py", "--env-id", "Hopper-v5", "--num-actors", "3", "--envs-per-actor", "2", "--rollout-length", "32",
-            "--num-minibatches", "4", "--total-timesteps", "256", "--runs-dir", str(tmp_path / "runs")]
+    # 3 actors are fine for one learner (validated before the launch) but do not split over the 2 that torchrun starts
+    args = [
+        "train.py",
+        "--env-id",
+        "Hopper-v5",
+        "--num-actors",
+        "3",
+        "--envs-per-actor",
+        "2",
+        "--rollout-length",
+        "32",
+        "--num-minibatches",
+        "4",
+        "--total-timesteps",
+        "256",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    ]
     run = Launch([*TORCHRUN, "--standalone", "--nproc_per_node=2", *args], tmp_path, "t")
     assert run.wait() == 1  # torchrun's status for a failed group
-    ours = [l for l in run.stderr.splitlines() if l.startswith("train.py: error:")]
-    assert ours == ["train.py: error: num_actors=3 does not split evenly over num_gpus=2: give a multiple of 2, "
-                    "or set actors_per_gpu"], run.output()
+    ours = [text for text in run.stderr.splitlines() if text.startswith("train.py: error:")]
+    assert ours == [
+        "train.py: error: num_actors=3 does not split evenly over num_gpus=2: give a multiple of 2, "
+        "or set actors_per_gpu"
+    ], run.output()
     assert 2 in worker_exit_codes(run.stderr) and not (tmp_path / "runs").exists()
 
 
@@ -540,8 +681,13 @@ def test_every_torch_load_is_weights_only():
     calls = []
     for path in [ROOT / "train.py", *(ROOT / "ppo_ddp").glob("*.py"), *(ROOT / "scripts").glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load" \
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "load"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "torch"
+            ):
                 flags = {k.arg: k.value for k in node.keywords}
                 ok = isinstance(flags.get("weights_only"), ast.Constant) and flags["weights_only"].value is True
                 calls.append((f"{path.name}:{node.lineno}", ok))
@@ -567,7 +713,7 @@ def _listening_sockets(pids: set[int]) -> list[str]:
             if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
                 addr = bytes.fromhex(fields[1].split(":")[0])
                 # /proc prints each 32-bit word in host (little-endian) order
-                addr = b"".join(addr[i:i + 4][::-1] for i in range(0, len(addr), 4))
+                addr = b"".join(addr[i : i + 4][::-1] for i in range(0, len(addr), 4))
                 found.append(socket.inet_ntop(family, addr))
     return found
 
@@ -591,8 +737,10 @@ def _process_tree(root: int) -> set[int]:
 
 def test_our_launch_of_several_learners_listens_on_loopback_only(tmp_path):
     # `python train.py --num-gpus 2` on a 2-GPU box takes this path; here on CPU.
-    code = ("import sys; from ppo_ddp.topology import TrainingTopology; from ppo_ddp.trainer import launch_learners; "
-            "launch_learners(TrainingTopology(2, 1, \"cpu\"), sys.argv[1:])")
+    code = (
+        "import sys; from ppo_ddp.topology import TrainingTopology; from ppo_ddp.launch import launch_learners; "
+        'launch_learners(TrainingTopology(2, 1, "cpu"), sys.argv[1:])'
+    )
     run = Launch([sys.executable, "-c", code, *train_args(tmp_path, "l", 40)], tmp_path, "l", debug=tmp_path / "debug")
     run.wait_for_dump(1, 2)
     addresses = _listening_sockets(_process_tree(run.proc.pid))
@@ -614,8 +762,14 @@ def _free_port() -> int:
 def test_two_nodes_on_one_machine(tmp_path):
     """Two torchrun launches of one process each, meeting through a c10d rendezvous on 127.0.0.1."""
     port = _free_port()
-    launcher = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                "--rdzv-id=two-nodes"]
+    launcher = [
+        *TORCHRUN,
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=two-nodes",
+    ]
     args = train_args(tmp_path, "n", 4, "--obs-clip", "1e9")
     nodes = [Launch([*launcher, *args], tmp_path, f"node{n}", debug=tmp_path / "debug") for n in range(2)]
     for node in nodes:
@@ -632,6 +786,7 @@ def test_two_nodes_on_one_machine(tmp_path):
             frozen = d["frozen_obs_rms"]
             if frozen is not None:  # undo the actors' normalisation (obs_clip is huge: nothing was clipped)
                 from ppo_ddp.normalization import EPSILON
+
                 obs = obs * np.sqrt(frozen["var"].numpy() + EPSILON) + frozen["mean"].numpy()
             seen.append(obs)
         everything = np.concatenate(seen)
@@ -647,6 +802,14 @@ def test_slurm_script_is_valid_bash():
     script = ROOT / "scripts" / "slurm" / "train.sbatch"
     subprocess.run(["bash", "-n", str(script)], check=True, timeout=10)
     text = script.read_text()
-    for needed in ("srun", "torchrun", "--rdzv-backend=c10d", "--nnodes", "GPUS_PER_NODE", "--ntasks-per-node=1",
-                   "--resume auto", "--run-name"):
+    for needed in (
+        "srun",
+        "torchrun",
+        "--rdzv-backend=c10d",
+        "--nnodes",
+        "GPUS_PER_NODE",
+        "--ntasks-per-node=1",
+        "--resume auto",
+        "--run-name",
+    ):
         assert needed in text, needed

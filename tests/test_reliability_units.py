@@ -20,12 +20,14 @@ if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can impor
     sys.path.insert(0, str(TESTS_DIR))
 
 from ppo_ddp import signals  # noqa: E402
-from ppo_ddp.actors import ActorPool  # noqa: E402
+from ppo_ddp.actor_pool import ActorPool  # noqa: E402
+from ppo_ddp.checkpointer import find_elastic_run  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
+from ppo_ddp.launch import resume_command  # noqa: E402
+from ppo_ddp.learner import NonFiniteError, check_finite  # noqa: E402
 from ppo_ddp.model import ActorCritic  # noqa: E402
 from ppo_ddp.run_log import RunLogger  # noqa: E402
 from ppo_ddp.signals import ForcedStop, StopRequests  # noqa: E402
-from ppo_ddp.trainer import NonFiniteError, _check_finite, _find_elastic_run, resume_command  # noqa: E402
 
 
 def deliver(sig: int) -> None:
@@ -68,12 +70,19 @@ def test_exit_codes():
     assert signals.exit_code(signal.SIGINT) == 130 and signals.exit_code(signal.SIGTERM) == 143
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["train.py", "--env-id", "Ant-v5", "--run-name", "old", "--resume", "runs/x.pt"],
-     "python train.py --env-id Ant-v5 --resume auto --run-name r1"),
-    (["train.py", "--run-name=old", "--resume=auto", "--config", "my cfg.yaml"],
-     "python train.py --config 'my cfg.yaml' --resume auto --run-name r1"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["train.py", "--env-id", "Ant-v5", "--run-name", "old", "--resume", "runs/x.pt"],
+            "python train.py --env-id Ant-v5 --resume auto --run-name r1",
+        ),
+        (
+            ["train.py", "--run-name=old", "--resume=auto", "--config", "my cfg.yaml"],
+            "python train.py --config 'my cfg.yaml' --resume auto --run-name r1",
+        ),
+    ],
+)
 def test_resume_command_keeps_the_flags_and_names_the_run(argv, expected, monkeypatch):
     for var in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "PPO_DDP_ACTORS_PER_LEARNER"):
         monkeypatch.delenv(var, raising=False)
@@ -86,11 +95,15 @@ def test_resume_command_under_torchrun(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert resume_command("r1", ["train.py", "--seed", "2"]) == \
-        "torchrun --standalone --nproc_per_node=4 train.py --seed 2 --resume auto --run-name r1"
+    assert (
+        resume_command("r1", ["train.py", "--seed", "2"])
+        == "torchrun --standalone --nproc_per_node=4 train.py --seed 2 --resume auto --run-name r1"
+    )
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes: the launcher options are the user's
-    assert resume_command("r1", ["train.py"]) == \
-        "torchrun <the same launcher options on every node> train.py --resume auto --run-name r1"
+    assert (
+        resume_command("r1", ["train.py"])
+        == "torchrun <the same launcher options on every node> train.py --resume auto --run-name r1"
+    )
 
 
 def test_resumed_logger_drops_the_rows_a_crashed_run_wrote_past_its_checkpoint(tmp_path):
@@ -106,7 +119,12 @@ def test_resumed_logger_drops_the_rows_a_crashed_run_wrote_past_its_checkpoint(t
     logger.close()
     with open(tmp_path / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["iteration"], r["losses/policy_loss"]) for r in rows] == [("1", "1.0"), ("2", "2.0"), ("3", "3.0"), ("4", "40.0")]
+    assert [(r["iteration"], r["losses/policy_loss"]) for r in rows] == [
+        ("1", "1.0"),
+        ("2", "2.0"),
+        ("3", "3.0"),
+        ("4", "40.0"),
+    ]
 
 
 def test_find_elastic_run_by_the_recorded_rendezvous_id(tmp_path):
@@ -115,16 +133,23 @@ def test_find_elastic_run_by_the_recorded_rendezvous_id(tmp_path):
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump({"run_name": name, "torchelastic_run_id": run_id}))
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.yaml").write_text("{unbalanced")
-    assert _find_elastic_run(tmp_path, "id-2") == "b"
-    assert _find_elastic_run(tmp_path, "id-3") is None
-    assert _find_elastic_run(tmp_path / "missing", "id-1") is None
+    assert find_elastic_run(tmp_path, "id-2") == "b"
+    assert find_elastic_run(tmp_path, "id-3") is None
+    assert find_elastic_run(tmp_path / "missing", "id-1") is None
 
 
 def test_actors_continue_their_noise_from_a_saved_state():
     # logp depends on the noise alone (state-independent std), so it shows which noise an actor drew even
     # though a resumed actor's envs restart their episodes.
-    cfg = Config(env_id="scripted_env:Scripted-v0", actors_per_gpu=2, envs_per_actor=2, rollout_length=6,
-                 num_minibatches=1, seed=3, actor_timeout=30.0)
+    cfg = Config(
+        env_id="scripted_env:Scripted-v0",
+        actors_per_gpu=2,
+        envs_per_actor=2,
+        rollout_length=6,
+        num_minibatches=1,
+        seed=3,
+        actor_timeout=30.0,
+    )
     torch.manual_seed(0)
     model = ActorCritic(3, 2, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
     with ActorPool(cfg, 0, 2, 3, 2, False) as pool:
@@ -141,10 +166,12 @@ def test_actors_continue_their_noise_from_a_saved_state():
 def test_non_finite_update_is_an_error_naming_the_rank_and_round():
     model = ActorCritic(3, 2)
     finite = {"losses/policy_loss": 0.1, "losses/value_loss": 1.0}
-    _check_finite(model, finite, rank=0, iteration=1)
+    check_finite(model, finite, rank=0, iteration=1)
     with pytest.raises(NonFiniteError, match=r"rank 1: non-finite losses/value_loss \(nan\) in the update of round 7"):
-        _check_finite(model, {**finite, "losses/value_loss": float("nan")}, rank=1, iteration=7)
+        check_finite(model, {**finite, "losses/value_loss": float("nan")}, rank=1, iteration=7)
     with torch.no_grad():
         model.critic[0].weight[0, 0] = float("inf")
-    with pytest.raises(NonFiniteError, match=r"rank 0: non-finite parameters \(critic.0.weight\) after the update of round 3"):
-        _check_finite(model, finite, rank=0, iteration=3)
+    with pytest.raises(
+        NonFiniteError, match=r"rank 0: non-finite parameters \(critic.0.weight\) after the update of round 3"
+    ):
+        check_finite(model, finite, rank=0, iteration=3)

@@ -38,8 +38,13 @@ VALUES = [1.0, 2.0, 3.0]
 
 def gae_3(next_value_1: float, terminated: list, truncated: list):
     adv, ret = compute_gae(
-        column(REWARDS), column(VALUES), column([2.0, next_value_1, 8.0]),
-        flags([[x] for x in terminated]), flags([[x] for x in truncated]), G, L,
+        column(REWARDS),
+        column(VALUES),
+        column([2.0, next_value_1, 8.0]),
+        flags([[x] for x in terminated]),
+        flags([[x] for x in truncated]),
+        G,
+        L,
     )
     return adv[:, 0].tolist(), ret[:, 0].tolist()
 
@@ -105,12 +110,12 @@ def test_terminated_and_truncated_in_one_rollout_and_in_different_envs():
 
     # Envs are independent columns: each equals its own single-env GAE.
     for n in range(2):
-        alone, _ = compute_gae(*(x[:, n:n + 1] for x in (rewards, values, next_values, terminated, truncated)), G, L)
+        alone, _ = compute_gae(*(x[:, n : n + 1] for x in (rewards, values, next_values, terminated, truncated)), G, L)
         assert torch.equal(alone[:, 0], adv[:, n])
 
 
 def reference_gae(rewards, values, next_values, terminated, truncated, gamma, lam):
-    """Per-env, per-step Python loop, written branch by branch from the definition in DESIGN.md."""
+    """Per-env, per-step Python loop, written branch by branch from the definition of GAE with truncation bootstrap."""
     T, N = len(rewards), len(rewards[0])
     adv = [[0.0] * N for _ in range(T)]
     for n in range(N):
@@ -118,9 +123,9 @@ def reference_gae(rewards, values, next_values, terminated, truncated, gamma, la
         for step in reversed(range(T)):
             r, v, nv = rewards[step][n], values[step][n], next_values[step][n]
             if terminated[step][n]:
-                adv[step][n] = r - v                     # no bootstrap, episode over
+                adv[step][n] = r - v  # no bootstrap, episode over
             elif truncated[step][n]:
-                adv[step][n] = r + gamma * nv - v        # bootstrap from the final obs, episode over
+                adv[step][n] = r + gamma * nv - v  # bootstrap from the final obs, episode over
             else:
                 adv[step][n] = r + gamma * nv - v + gamma * lam * following
             following = adv[step][n]
@@ -136,9 +141,15 @@ def test_matches_a_plain_reference_loop_on_random_data(gamma, lam):
     terminated, truncated = rng.random((T, N)) < 0.1, rng.random((T, N)) < 0.1
     assert (terminated & truncated).any() and (terminated ^ truncated).any()
 
-    adv, ret = compute_gae(*(torch.from_numpy(x) for x in (rewards, values, next_values, terminated, truncated)), gamma, lam)
-    expected = torch.tensor(reference_gae(rewards.tolist(), values.tolist(), next_values.tolist(),
-                                          terminated.tolist(), truncated.tolist(), gamma, lam), dtype=torch.float64)
+    adv, ret = compute_gae(
+        *(torch.from_numpy(x) for x in (rewards, values, next_values, terminated, truncated)), gamma, lam
+    )
+    expected = torch.tensor(
+        reference_gae(
+            rewards.tolist(), values.tolist(), next_values.tolist(), terminated.tolist(), truncated.tolist(), gamma, lam
+        ),
+        dtype=torch.float64,
+    )
     assert adv.dtype == torch.float64
     torch.testing.assert_close(adv, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ret, expected + torch.from_numpy(values), rtol=1e-12, atol=1e-12)
@@ -157,7 +168,8 @@ def test_float_flags_and_float32_inputs():
 def test_inputs_are_not_modified():
     rng = np.random.default_rng(1)
     inputs = [torch.from_numpy(rng.normal(size=(8, 3))) for _ in range(3)] + [
-        torch.from_numpy(rng.random((8, 3)) < 0.3) for _ in range(2)]
+        torch.from_numpy(rng.random((8, 3)) < 0.3) for _ in range(2)
+    ]
     before = [x.clone() for x in inputs]
     compute_gae(*inputs, 0.99, 0.95)
     assert all(torch.equal(a, b) for a, b in zip(inputs, before))

@@ -1,20 +1,27 @@
-"""Learners, actors per learner and devices: the rules of Method.md, one test per rule (ppo_ddp.topology)."""
+"""Learners, actors per learner and devices: the topology rules, one test per rule (ppo_ddp.topology)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ppo_ddp.topology import (
-    DEFAULT_ACTORS_PER_GPU, Launch, TrainingTopology, resolve_rank_device, resolve_training_topology,
+    DEFAULT_ACTORS_PER_GPU,
+    Launch,
+    TrainingTopology,
+    resolve_rank_device,
+    resolve_training_topology,
 )
 
 
-def topo(num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False,
-         launch=Launch()) -> TrainingTopology:
+def topo(
+    num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False, launch=Launch()
+) -> TrainingTopology:
     return resolve_training_topology(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available, launch)
 
 
-def own_launch(num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False) -> TrainingTopology:
+def own_launch(
+    num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False
+) -> TrainingTopology:
     """What every worker of our own launch decides: the launcher's decision handed down, on the same devices."""
     chosen = topo(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available)
     launch = Launch(chosen.num_learners, chosen.num_learners, granted_actors=chosen.actors_per_learner)
@@ -22,6 +29,7 @@ def own_launch(num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=
 
 
 # ---- resolve_training_topology ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("available_gpus", [1, 0], ids=["gpu box", "cpu box"])
 def test_legacy_single_actor_config_starts_exactly_one_actor(available_gpus):
@@ -80,14 +88,17 @@ def test_cuda_wins_over_mps():
     assert topo(num_gpus=1, available_gpus=1, mps_available=True).device == "cuda"
 
 
-@pytest.mark.parametrize("field, kwargs", [
-    ("num_actors", dict(num_actors=0)),
-    ("num_actors", dict(num_actors=-2)),
-    ("num_gpus", dict(num_gpus=0)),
-    ("num_gpus", dict(num_gpus=-1, actors_per_gpu=2)),
-    ("actors_per_gpu", dict(actors_per_gpu=0)),
-    ("actors_per_gpu", dict(num_actors=4, num_gpus=2, actors_per_gpu=-2)),
-])
+@pytest.mark.parametrize(
+    "field, kwargs",
+    [
+        ("num_actors", dict(num_actors=0)),
+        ("num_actors", dict(num_actors=-2)),
+        ("num_gpus", dict(num_gpus=0)),
+        ("num_gpus", dict(num_gpus=-1, actors_per_gpu=2)),
+        ("actors_per_gpu", dict(actors_per_gpu=0)),
+        ("actors_per_gpu", dict(num_actors=4, num_gpus=2, actors_per_gpu=-2)),
+    ],
+)
 def test_non_positive_counts_are_an_error_naming_the_field(field, kwargs):
     with pytest.raises(ValueError, match=f"^{field}=-?\\d+: must be a positive integer"):
         topo(**kwargs)
@@ -100,14 +111,20 @@ def test_negative_available_gpus_is_an_error():
 
 # ---- the same decision in the workers of our own launch, and under a user's torchrun ----------------------
 
-@pytest.mark.parametrize("num_actors, num_gpus, actors_per_gpu, available_gpus, expected", [
-    (12, 4, None, 2, TrainingTopology(2, 3, "cuda")),  # was 6 actors per learner: recomputed from 2 learners
-    (12, 4, 3, 2, TrainingTopology(2, 3, "cuda")),     # was a refusal: 12 != 2 * 3
-    (8, 4, None, 3, TrainingTopology(3, 2, "cuda")),   # was a refusal: 8 does not split over 3
-    (8, 4, 2, 4, TrainingTopology(4, 2, "cuda")),
-    (1, 1, None, 1, TrainingTopology(1, 1, "cuda")),   # the legacy single-actor config
-])
-def test_our_own_launch_keeps_the_actors_decided_before_it(num_actors, num_gpus, actors_per_gpu, available_gpus, expected):
+
+@pytest.mark.parametrize(
+    "num_actors, num_gpus, actors_per_gpu, available_gpus, expected",
+    [
+        (12, 4, None, 2, TrainingTopology(2, 3, "cuda")),  # was 6 actors per learner: recomputed from 2 learners
+        (12, 4, 3, 2, TrainingTopology(2, 3, "cuda")),  # was a refusal: 12 != 2 * 3
+        (8, 4, None, 3, TrainingTopology(3, 2, "cuda")),  # was a refusal: 8 does not split over 3
+        (8, 4, 2, 4, TrainingTopology(4, 2, "cuda")),
+        (1, 1, None, 1, TrainingTopology(1, 1, "cuda")),  # the legacy single-actor config
+    ],
+)
+def test_our_own_launch_keeps_the_actors_decided_before_it(
+    num_actors, num_gpus, actors_per_gpu, available_gpus, expected
+):
     assert topo(num_actors, num_gpus, actors_per_gpu, available_gpus) == expected
     assert own_launch(num_actors, num_gpus, actors_per_gpu, available_gpus) == expected
 
@@ -115,8 +132,12 @@ def test_our_own_launch_keeps_the_actors_decided_before_it(num_actors, num_gpus,
 def test_under_a_users_torchrun_the_world_size_stands_for_num_gpus():
     assert topo(num_actors=8, launch=Launch(4, 4), available_gpus=4) == TrainingTopology(4, 2, "cuda")
     assert topo(actors_per_gpu=3, launch=Launch(2, 2), available_gpus=0) == TrainingTopology(2, 3, "cpu")
-    assert topo(num_actors=2, launch=Launch(1, 1), available_gpus=0, mps_available=True) == TrainingTopology(1, 2, "mps")
-    assert topo(num_actors=4, launch=Launch(2, 2), available_gpus=0, mps_available=True).device == "cpu"  # no MPS backend
+    assert topo(num_actors=2, launch=Launch(1, 1), available_gpus=0, mps_available=True) == TrainingTopology(
+        1, 2, "mps"
+    )
+    assert (
+        topo(num_actors=4, launch=Launch(2, 2), available_gpus=0, mps_available=True).device == "cpu"
+    )  # no MPS backend
     with pytest.raises(ValueError, match="num_actors=6 does not split evenly over num_gpus=4"):
         topo(num_actors=6, launch=Launch(4, 4), available_gpus=4)
 
@@ -128,6 +149,7 @@ def test_a_users_torchrun_with_fewer_visible_gpus_than_ranks_is_refused():
 
 
 # ---- resolve_rank_device (torchrun) ----------------------------------------------------------------------
+
 
 def test_each_local_rank_gets_its_own_cuda_device():
     assert [resolve_rank_device(4, r, 4, cuda_device_count=4) for r in range(4)] == [f"cuda:{r}" for r in range(4)]
@@ -156,11 +178,14 @@ def test_mps_only_for_a_single_process():
     assert resolve_rank_device(2, 1, 2, cuda_device_count=0, mps_available=True) == "cpu"
 
 
-@pytest.mark.parametrize("world_size, local_rank, local_world_size, match", [
-    (2, 2, 2, "LOCAL_RANK=2"),
-    (2, -1, 2, "LOCAL_RANK=-1"),
-    (2, 0, 4, "WORLD_SIZE=2 is smaller than LOCAL_WORLD_SIZE=4"),
-])
+@pytest.mark.parametrize(
+    "world_size, local_rank, local_world_size, match",
+    [
+        (2, 2, 2, "LOCAL_RANK=2"),
+        (2, -1, 2, "LOCAL_RANK=-1"),
+        (2, 0, 4, "WORLD_SIZE=2 is smaller than LOCAL_WORLD_SIZE=4"),
+    ],
+)
 def test_inconsistent_launcher_environment_is_an_error(world_size, local_rank, local_world_size, match):
     with pytest.raises(ValueError, match=match):
         resolve_rank_device(world_size, local_rank, local_world_size, cuda_device_count=8)

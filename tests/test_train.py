@@ -25,9 +25,26 @@ ROUNDS = 4
 # 2 ranks x 1 actor x 2 envs x 32 steps = 128 env steps a round. Hopper's random-policy episodes end
 # within a round, so every round has finished episodes and terminations.
 # log_std_init 0.0 (std 1.0) is pinned: the resume test's tolerance (docs/reliability.md) was measured with it.
-SMALL = ["--env-id", "Hopper-v5", "--actors-per-gpu", "1", "--envs-per-actor", "2", "--rollout-length", "32",
-         "--num-minibatches", "4", "--update-epochs", "2", "--save-interval", "2", "--actor-timeout", "30",
-         "--log-std-init", "0.0"]
+SMALL = [
+    "--env-id",
+    "Hopper-v5",
+    "--actors-per-gpu",
+    "1",
+    "--envs-per-actor",
+    "2",
+    "--rollout-length",
+    "32",
+    "--num-minibatches",
+    "4",
+    "--update-epochs",
+    "2",
+    "--save-interval",
+    "2",
+    "--actor-timeout",
+    "30",
+    "--log-std-init",
+    "0.0",
+]
 TIMEOUT = 240  # seconds; a hang fails the test instead of CI
 
 
@@ -37,15 +54,33 @@ def run(args: list[str], tmp_path: Path, debug: bool = True) -> subprocess.Compl
     if debug:
         env["PPO_DDP_DEBUG_DIR"] = str(tmp_path / "debug")
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    )
     return proc
 
 
 def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     total = (ROUNDS + 1) * 128  # round 0 seeds the statistics, then ROUNDS rounds train
-    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-                *SMALL, "--total-timesteps", str(total), "--runs-dir", str(tmp_path / "runs"), "--run-name", "t",
-                *extra], tmp_path)
+    return run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            *SMALL,
+            "--total-timesteps",
+            str(total),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "t",
+            *extra,
+        ],
+        tmp_path,
+    )
 
 
 def dump(tmp_path: Path, rank: int, iteration: int) -> dict:
@@ -82,9 +117,19 @@ def test_torchrun_writes_every_output(two_rank_run):
     events = EventAccumulator(str(run_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-                "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
-                "losses/explained_variance", "charts/buffer_size"):
+    for tag in (
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/policy_loss",
+        "losses/value_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "losses/explained_variance",
+        "charts/buffer_size",
+    ):
         assert tag in tags, tag
         assert tag in rows[0], tag
     assert [e.step for e in events.Scalars("charts/SPS")] == [128 * (i + 1) for i in range(1, ROUNDS + 1)]
@@ -176,12 +221,28 @@ def test_param_sync_interval_three(tmp_path):
 
 
 def test_single_process_run_then_evaluate(tmp_path):
-    proc = run([sys.executable, "train.py", *SMALL, "--total-timesteps", "192", "--runs-dir", str(tmp_path / "runs"),
-                "--run-name", "solo"], tmp_path)
+    proc = run(
+        [
+            sys.executable,
+            "train.py",
+            *SMALL,
+            "--total-timesteps",
+            "192",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "solo",
+        ],
+        tmp_path,
+    )
     run_dir = tmp_path / "runs" / "solo"
     assert len(read_csv(run_dir / "metrics.csv")) == 2  # 192 steps / 64 per round, round 0 seeding the statistics
     assert "done:" in proc.stdout
-    out = run([sys.executable, "-m", "ppo_ddp.evaluate", str(run_dir / "model_solo.pt"), "--episodes", "2"], tmp_path, debug=False)
+    out = run(
+        [sys.executable, "-m", "ppo_ddp.evaluate", str(run_dir / "model_solo.pt"), "--episodes", "2"],
+        tmp_path,
+        debug=False,
+    )
     assert "mean return" in out.stdout and "2 deterministic episodes" in out.stdout
     value = float(out.stdout.split("mean return")[1].split()[0])
     assert math.isfinite(value)
@@ -190,11 +251,31 @@ def test_single_process_run_then_evaluate(tmp_path):
 def test_our_launch_hands_each_worker_the_actors_the_topology_chose(tmp_path):
     # `python train.py --num-actors 4 --num-gpus 4 --actors-per-gpu 1` on a box with 2 GPUs: 2 learners with
     # 1 actor each. Only the launcher sees the (faked) GPUs; its workers train on this machine's CPU.
-    code = ("import sys, torch; torch.cuda.device_count = lambda: 2; sys.argv = sys.argv[1:]; "
-            "from ppo_ddp.config import parse_config; from ppo_ddp.trainer import main; main(parse_config())")
-    proc = run([sys.executable, "-c", code, "train.py", *SMALL, "--num-actors", "4", "--num-gpus", "4",
-                "--total-timesteps", "384", "--runs-dir", str(tmp_path / "runs"), "--run-name", "granted"],
-               tmp_path, debug=False)
+    code = (
+        "import sys, torch; torch.cuda.device_count = lambda: 2; sys.argv = sys.argv[1:]; "
+        "from ppo_ddp.config import parse_config; from ppo_ddp.launch import main; main(parse_config())"
+    )
+    proc = run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "train.py",
+            *SMALL,
+            "--num-actors",
+            "4",
+            "--num-gpus",
+            "4",
+            "--total-timesteps",
+            "384",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "granted",
+        ],
+        tmp_path,
+        debug=False,
+    )
     assert "starting 2 learners with 1 actor(s) each" in proc.stdout
     saved = yaml.safe_load((tmp_path / "runs" / "granted" / "config.yaml").read_text())
     assert (saved["world_size"], saved["actors_per_learner"], saved["steps_per_round"]) == (2, 1, 128)
@@ -203,10 +284,27 @@ def test_our_launch_hands_each_worker_the_actors_the_topology_chose(tmp_path):
 
 def test_python_train_launches_several_learners_like_torchrun(tmp_path):
     # What `python train.py --num-gpus 2` does on a 2-GPU box, run here on CPU: the same launch path.
-    code = ("import sys; from ppo_ddp.topology import TrainingTopology; from ppo_ddp.trainer import launch_learners; "
-            "launch_learners(TrainingTopology(2, 1, \"cpu\"), sys.argv[1:])")
-    run([sys.executable, "-c", code, "train.py", *SMALL, "--total-timesteps", "384", "--runs-dir", str(tmp_path / "runs"),
-         "--run-name", "launched"], tmp_path, debug=False)
+    code = (
+        "import sys; from ppo_ddp.topology import TrainingTopology; from ppo_ddp.launch import launch_learners; "
+        'launch_learners(TrainingTopology(2, 1, "cpu"), sys.argv[1:])'
+    )
+    run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "train.py",
+            *SMALL,
+            "--total-timesteps",
+            "384",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "launched",
+        ],
+        tmp_path,
+        debug=False,
+    )
     saved = yaml.safe_load((tmp_path / "runs" / "launched" / "config.yaml").read_text())
     assert saved["world_size"] == 2
     assert len(read_csv(tmp_path / "runs" / "launched" / "metrics.csv")) == 2

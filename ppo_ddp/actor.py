@@ -1,0 +1,398 @@
+"""The actor process: it steps gymnasium envs with a CPU copy of the policy, writing rollouts into shared memory.
+
+Started by its learner's `ActorPool` (ppo_ddp/actor_pool.py), an actor attaches to the shared block (layout in
+ppo_ddp/buffers.py), builds its envs, then serves rounds: on a small ("round", k) message it reads the round's
+weights and frozen statistics, steps every env `rollout_length` times, writes rollout[a] in place and answers
+with a small `ActorReport` (rollout data never goes through a pipe). It ignores SIGINT and SIGTERM (stopping is
+the learner's decision), exits quietly on EOF from its learner, and sends an exception back with its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import multiprocessing as mp
+import multiprocessing.connection
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ppo_ddp.buffers import ROLLOUT_FIELDS, BufferSpec, SharedBuffers
+from ppo_ddp.config import Config
+from ppo_ddp.envs import env_seed, make_env
+from ppo_ddp.model import LOG_SQRT_2PI, ActorCritic, read_flat_parameters
+from ppo_ddp.normalization import DiscountedReturn, Moments, compute_batch_moments, normalize_obs, scale_reward
+from ppo_ddp.rollout import compute_gae, prepare_action
+
+IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The learner's to handle (ppo_ddp/signals.py); actors and the forkserver ignore them from their start."""
+
+_NOISE_SEED_KEY = 0x6E6F697365  # spawn key that separates the action-noise seeds from env_seed's
+
+
+def noise_seed(seed: int, rank: int, actor: int) -> int:
+    """Deterministic 64-bit seed of an actor's action-noise generator, distinct from every env seed."""
+    state = np.random.SeedSequence([seed, rank, actor], spawn_key=(_NOISE_SEED_KEY,)).generate_state(1, np.uint64)
+    return int(state[0])
+
+
+@dataclass
+class ActorReport:
+    """What an actor says about one round (small: pickled through the pipe)."""
+
+    actor_id: int
+    episode_returns: list[float]
+    """Returns of the episodes that ended this round, in the order they ended."""
+    episode_lengths: list[int]
+    obs_moments: Moments
+    """Moments of the T*E raw observations the policy acted on this round (an increment, not history)."""
+    return_moments: Optional[Moments]
+    """Moments of this round's discounted returns G (None unless cfg.normalize_reward)."""
+    noise_state: Optional[np.ndarray] = None
+    """The action-noise generator's state after the round (uint8), for checkpoints: a resumed actor continues it.
+    numpy, not a torch tensor: torch pickles tensors through pipes as shared memory and passed fds."""
+
+
+class EnvError(RuntimeError):
+    """Raised inside an actor: an env failed or returned non-finite data; knows which env and which step."""
+
+    def __init__(self, message: str, env_index: int, step: Optional[int]) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+        self.step = step
+
+
+@dataclass(frozen=True)
+class ActorArgs:
+    """What an actor process is started with (pickled once, at its start)."""
+
+    cfg: Config
+    rank: int
+    actor_id: int
+    buffer_spec: BufferSpec
+    shm_name: str
+    noise_state: Optional[np.ndarray] = None
+
+
+class PolicyKernel:
+    """The actor-critic's forward pass in numpy, for the actor's per-step inference on a few observations.
+
+    A 64x64 MLP on 1-16 rows costs far less in numpy than torch's per-op dispatch (about 3x on the 2-core
+    benchmark machine), and this runs once per env step. The math is the model's own: `load(model)` takes
+    the weights of the round from the CPU ActorCritic (filled by read_flat_parameters), the layers and
+    activation are the model's, and tests check values and log-probs against model.value / model.evaluate.
+    The first layers of the policy and the value MLP share one matmul (their inputs are the same).
+    """
+
+    _ACTIVATIONS = {
+        "tanh": lambda h: np.tanh(h, out=h),
+        "relu": lambda h: np.maximum(h, 0.0, out=h),
+        "elu": lambda h: np.copyto(h, np.expm1(np.minimum(h, 0.0)), where=h < 0),
+    }
+
+    def __init__(self, model: ActorCritic, activation: str) -> None:
+        self.activation = self._ACTIVATIONS[activation]
+        self.load(model)
+
+    def load(self, model: ActorCritic) -> None:
+        def linears(seq: torch.nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+            return [
+                (m.weight.detach().numpy().T.astype(np.float32, order="C"), m.bias.detach().numpy().astype(np.float32))
+                for m in seq
+                if isinstance(m, torch.nn.Linear)
+            ]
+
+        actor, critic = linears(model.actor_mean), linears(model.critic)
+        self.width = actor[0][0].shape[1]
+        self.first = (np.concatenate([actor[0][0], critic[0][0]], axis=1), np.concatenate([actor[0][1], critic[0][1]]))
+        self.actor_rest, self.critic_rest = actor[1:], critic[1:]
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(action mean [N, act_dim], value [N]) for normalised float32 observations [N, obs_dim]."""
+        h = obs @ self.first[0]
+        h += self.first[1]
+        self.activation(h)
+        out = []
+        for x, layers in ((h[:, : self.width], self.actor_rest), (h[:, self.width :], self.critic_rest)):
+            for i, (w, b) in enumerate(layers):
+                x = x @ w
+                x += b
+                if i < len(layers) - 1:
+                    self.activation(x)
+            out.append(x)
+        return out[0], out[1][:, 0]
+
+
+class Actor:
+    """The state one actor process keeps across rounds: its envs, current observations, episode counters.
+
+    `sample(k)` writes rollout[actor_id] in the shared buffers and returns the round's ActorReport
+    (docs/design.md, "a round"). It runs in the actor process; tests also drive it in-process.
+    """
+
+    def __init__(
+        self, cfg: Config, rank: int, actor_id: int, buffers: SharedBuffers, noise_state: Optional[np.ndarray] = None
+    ) -> None:
+        spec = buffers.spec
+        self.cfg, self.rank, self.actor_id, self.buffers = cfg, rank, actor_id, buffers
+        T, E, D = cfg.rollout_length, cfg.envs_per_actor, spec.obs_dim
+        if (spec.rollout_length, spec.envs_per_actor) != (T, E):
+            raise ValueError(
+                f"buffer holds [T={spec.rollout_length}, E={spec.envs_per_actor}], config asks for [T={T}, E={E}]"
+            )
+        self.envs = []
+        for _ in range(E):
+            self.envs.append(make_env(cfg.env_id))
+        space = self.envs[0].action_space
+        obs_shape = self.envs[0].observation_space.shape
+        if obs_shape != (D,) or space.shape != (spec.act_dim,):
+            raise ValueError(
+                f"{cfg.env_id}: observation shape {obs_shape}, action shape {space.shape}; "
+                f"the pool was built for ({D},) and ({spec.act_dim},)"
+            )
+        self.action_low = np.asarray(space.low, dtype=np.float32)
+        self.action_high = np.asarray(space.high, dtype=np.float32)
+        self.model = ActorCritic.from_config(cfg, D, spec.act_dim)
+        self.model.requires_grad_(False)
+        self.kernel = PolicyKernel(self.model, cfg.activation)
+        self.generator = torch.Generator().manual_seed(noise_seed(cfg.seed, rank, actor_id))
+        if noise_state is not None:  # resumed from a checkpoint: continue the noise where it stopped
+            self.generator.set_state(torch.from_numpy(np.array(noise_state, dtype=np.uint8)))
+        self.discounted = DiscountedReturn(E, cfg.gamma) if cfg.normalize_reward else None
+        # persistent across rounds: raw[0] holds the observation each env is in when a round starts
+        self.raw = np.zeros((T + 1, E, D), dtype=np.float64)
+        self.started = False
+        self.episode_return = [0.0] * E
+        self.episode_length = [0] * E
+        # scratch of one round
+        self.rewards = np.zeros((T, E), dtype=np.float64)
+        self.terminated = np.zeros((T, E), dtype=bool)
+        self.truncated = np.zeros((T, E), dtype=bool)
+        self.out = {name: buffers.arrays[name][actor_id] for name in ROLLOUT_FIELDS}  # this actor's slice
+
+    def close(self) -> None:
+        for env in self.envs:
+            with contextlib.suppress(Exception):
+                env.close()
+        self.out = {}
+
+    def _first_reset(self) -> None:
+        for e, env in enumerate(self.envs):
+            try:
+                obs, _ = env.reset(seed=env_seed(self.cfg.seed, self.rank, self.actor_id, e))
+            except Exception as exc:
+                raise EnvError(f"env {e} failed in its first reset: {type(exc).__name__}: {exc}", e, None) from exc
+            self.raw[0, e] = obs
+            if not np.isfinite(self.raw[0, e]).all():
+                raise EnvError(f"env {e} returned a non-finite observation from its first reset", e, None)
+        self.started = True
+
+    def _non_finite(self, t: int, round_k: int) -> EnvError:
+        """The error for a step whose observations or rewards hold a non-finite value, naming the env."""
+        for e in range(len(self.envs)):
+            if not np.isfinite(self.rewards[t, e]):
+                return EnvError(
+                    f"env {e} returned a non-finite reward {self.rewards[t, e]} at step {t} of round {round_k}", e, t
+                )
+            bad = np.flatnonzero(~np.isfinite(self.raw[t + 1, e]))
+            if bad.size:
+                return EnvError(
+                    f"env {e} returned a non-finite observation at step {t} of round {round_k} "
+                    f"(entries {bad.tolist()})",
+                    e,
+                    t,
+                )
+        raise AssertionError("_non_finite called on finite data")
+
+    def sample(self, round_k: int) -> ActorReport:
+        """One round: T steps of every env with the published weights and frozen statistics → rollout[a]."""
+        obs_rms, ret_rms = self._load_round()
+        if not self.started:
+            self._first_reset()
+        noise, std = self._draw_noise()
+        self.terminated.fill(False)
+        self.truncated.fill(False)
+        episodes: list[tuple[float, int]] = []  # (return, length) of the episodes that ended
+        finals: list[tuple[int, int, np.ndarray]] = []  # (step, env, raw final observation) of ended episodes
+        for t in range(self.cfg.rollout_length):
+            env_action = self._act(t, obs_rms, noise[t], std)
+            self._step_envs(t, env_action, round_k, episodes, finals)
+        self._bootstrap_values(obs_rms, finals)
+        return_moments = self._advantages(ret_rms)
+        T, E = self.cfg.rollout_length, len(self.envs)
+        obs_moments = compute_batch_moments(self.raw[:T].reshape(T * E, -1))
+        self.raw[0] = self.raw[T]
+        return ActorReport(
+            actor_id=self.actor_id,
+            episode_returns=[ret for ret, _ in episodes],
+            episode_lengths=[length for _, length in episodes],
+            obs_moments=obs_moments,
+            return_moments=return_moments,
+            noise_state=self.generator.get_state().numpy(),
+        )
+
+    def _load_round(self) -> tuple[Optional[Moments], Optional[Moments]]:
+        """The round's weights into the policy and the frozen statistics (None where not normalising)."""
+        read_flat_parameters(self.model, self.buffers.weights)
+        self.kernel.load(self.model)
+        obs_rms, ret_rms = self.buffers.read_stats()
+        return (obs_rms if self.cfg.normalize_obs else None), (ret_rms if self.cfg.normalize_reward else None)
+
+    def _draw_noise(self) -> tuple[np.ndarray, np.ndarray]:
+        """The round's Gaussian noise in one draw, and the log-probs of the actions it makes: the policy's std is
+        state-independent, so log p(mean + noise * std) = sum(-noise^2 / 2 - log_std - log sqrt(2 pi))."""
+        log_std = self.model.actor_logstd.numpy().astype(np.float32)
+        std = np.exp(log_std)
+        noise = torch.randn((self.cfg.rollout_length, len(self.envs), log_std.size), generator=self.generator).numpy()
+        self.out["logp"][:] = (-0.5 * noise * noise - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
+        return noise, std
+
+    def _act(self, t: int, obs_rms: Optional[Moments], noise: np.ndarray, std: np.ndarray) -> np.ndarray:
+        """Observation, value and action of step t into the rollout; returns the actions clipped for the envs."""
+        obs_t = self.out["obs"][t]
+        obs_t[:] = normalize_obs(self.raw[t], obs_rms, self.cfg.obs_clip)
+        mean, self.out["values"][t] = self.kernel(obs_t)
+        action = self.out["actions"][t]
+        np.multiply(noise, std, out=action)
+        action += mean
+        return prepare_action(action, self.action_low, self.action_high)[1]
+
+    def _step_envs(
+        self,
+        t: int,
+        env_action: np.ndarray,
+        round_k: int,
+        episodes: list[tuple[float, int]],
+        finals: list[tuple[int, int, np.ndarray]],
+    ) -> None:
+        """Step every env once; an ended episode is recorded (its final observation too) and its env reset."""
+        next_raw, rew_t = self.raw[t + 1], self.rewards[t]
+        ep_ret, ep_len = self.episode_return, self.episode_length
+        e = -1
+        try:
+            for e, env in enumerate(self.envs):
+                obs, reward, term, trunc, _ = env.step(env_action[e])
+                rew_t[e] = reward
+                ep_ret[e] += reward
+                ep_len[e] += 1
+                if term or trunc:
+                    self.terminated[t, e] = term
+                    self.truncated[t, e] = trunc
+                    final = np.array(obs, dtype=np.float64)  # a copy: the env may reuse its array
+                    if not np.isfinite(final).all():
+                        raise EnvError(
+                            f"env {e} returned a non-finite final observation at step {t} of round {round_k}", e, t
+                        )
+                    finals.append((t, e, final))
+                    episodes.append((float(ep_ret[e]), ep_len[e]))
+                    ep_ret[e], ep_len[e] = 0.0, 0
+                    obs, _ = env.reset()
+                next_raw[e] = obs  # a copy into the actor's own array
+        except EnvError:
+            raise
+        except Exception as exc:
+            raise EnvError(f"env {e} failed at step {t} of round {round_k}: {type(exc).__name__}: {exc}", e, t) from exc
+        if not (np.isfinite(next_raw).all() and np.isfinite(rew_t).all()):
+            raise self._non_finite(t, round_k)
+
+    def _bootstrap_values(self, obs_rms: Optional[Moments], finals: list[tuple[int, int, np.ndarray]]) -> None:
+        """next_values[t] = V(observation after step t, before any reset): V(final observation) at episode ends."""
+        T, clip = self.cfg.rollout_length, self.cfg.obs_clip
+        next_values, values = self.out["next_values"], self.out["values"]
+        next_values[:-1] = values[1:]
+        next_values[-1] = self.kernel(normalize_obs(self.raw[T], obs_rms, clip))[1]
+        if finals:
+            final_values = self.kernel(normalize_obs(np.stack([f[2] for f in finals]), obs_rms, clip))[1]
+            next_values[[f[0] for f in finals], [f[1] for f in finals]] = final_values
+
+    def _advantages(self, ret_rms: Optional[Moments]) -> Optional[Moments]:
+        """Rewards, GAE advantages and returns, flags into the rollout; the moments of this round's discounted
+        returns (for reward scaling) or None."""
+        cfg, out, rewards = self.cfg, self.out, self.rewards
+        terminated, truncated = self.terminated, self.truncated
+        out["rewards"][:] = rewards  # raw rewards (float32); GAE sees them scaled by the frozen return std
+        return_moments = None
+        if self.discounted is not None:
+            ended = terminated | truncated
+            discounted = np.empty(rewards.shape, dtype=np.float64)
+            for t in range(len(rewards)):
+                discounted[t] = self.discounted.update(rewards[t], ended[t])
+            return_moments = compute_batch_moments(discounted.reshape(-1))
+        advantages, returns = compute_gae(
+            torch.from_numpy(scale_reward(out["rewards"], ret_rms, cfg.reward_clip)),
+            torch.from_numpy(out["values"]),
+            torch.from_numpy(out["next_values"]),
+            torch.from_numpy(terminated),
+            torch.from_numpy(truncated),
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
+        out["advantages"][:] = advantages.numpy()
+        out["returns"][:] = returns.numpy()
+        out["terminated"][:] = terminated
+        out["truncated"][:] = truncated
+        return return_moments
+
+
+def _send(conn: mp.connection.Connection, msg: Any) -> bool:
+    try:
+        conn.send(msg)
+        return True
+    except (OSError, EOFError):  # the learner is gone
+        return False
+
+
+def _error_message(exc: BaseException, round_k: Optional[int]) -> tuple:
+    return (
+        "error",
+        {
+            "summary": f"{type(exc).__name__}: {exc}",
+            "traceback": "".join(traceback.format_exception(exc)),
+            "env_index": getattr(exc, "env_index", None),
+            "step": getattr(exc, "step", None),
+            "round": round_k,
+        },
+    )
+
+
+def actor_main(conn: mp.connection.Connection, args: ActorArgs) -> None:
+    """Entry point of an actor process: build, report ready, then serve rounds until "close" or EOF."""
+    for sig in IGNORED_SIGNALS:  # Ctrl-C and SIGTERM are the learner's; it closes the pool
+        signal.signal(sig, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the learner asks for a stack dump of a stuck actor
+    torch.set_num_threads(1)
+    buffers: Optional[SharedBuffers] = None
+    actor: Optional[Actor] = None
+    try:
+        try:
+            buffers = SharedBuffers.attach(args.buffer_spec, args.shm_name)
+            actor = Actor(args.cfg, args.rank, args.actor_id, buffers, args.noise_state)
+        except BaseException as exc:
+            _send(conn, _error_message(exc, None))
+            return
+        if not _send(conn, ("ready",)):
+            return
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):  # the learner died: exit quietly
+                return
+            if msg[0] != "round":
+                return
+            try:
+                report = actor.sample(msg[1])
+            except BaseException as exc:
+                _send(conn, _error_message(exc, msg[1]))
+                return
+            if not _send(conn, ("done", msg[1], report)):
+                return
+    finally:
+        if actor is not None:
+            actor.close()
+        if buffers is not None:
+            buffers.close()
+        conn.close()

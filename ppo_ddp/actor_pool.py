@@ -1,0 +1,381 @@
+"""The learner's side of its actors: an `ActorPool` starts them, runs rounds on them and supervises them.
+
+The pool owns one `SharedBuffers` block (layout in ppo_ddp/buffers.py) and `num_actors` processes
+(ppo_ddp/actor.py) started with a spawn or forkserver context. Per round it publishes the weights and the
+frozen statistics into shared memory and sends each actor a tiny ("round", k) message; the actor writes
+rollout[a] in place and answers with a small `ActorReport`.
+
+Supervision: the pool waits on the actor pipes and the process sentinels together, with a bound of
+`cfg.actor_timeout + ROUND_TIME_FACTOR * (slowest round so far)`. An exception in an actor comes back as
+an `ActorError` carrying the actor's traceback; a dead actor is noticed at once through its sentinel; a
+stuck one after the bound. Every error path closes the pool: actors are killed and joined, and the shared
+memory is unlinked. Actors (and the forkserver) start with SIGINT and SIGTERM ignored: torchrun and Slurm
+signal a learner's whole process group, and an actor dying of that signal would turn a graceful stop into
+an actor failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ppo_ddp.actor import IGNORED_SIGNALS, ActorArgs, ActorReport, actor_main
+from ppo_ddp.buffers import BufferSpec, SharedBuffers
+from ppo_ddp.config import Config
+from ppo_ddp.model import ActorCritic, num_parameters, write_flat_parameters
+from ppo_ddp.normalization import Moments
+
+ROUND_TIME_FACTOR = 2.0
+"""A round may take this many times the slowest round so far, plus cfg.actor_timeout, before an actor is stuck."""
+MIN_STARTUP_TIMEOUT = 60.0
+"""Actors get max(cfg.actor_timeout, this) seconds from the pool's start to import, build envs and report ready."""
+CLOSE_TIMEOUT = 5.0
+"""Seconds idle actors get to exit on a "close" message before they are killed."""
+FORKSERVER_PRELOAD = ["ppo_ddp.actor", "mujoco"]
+"""Imported once in the forkserver, so each actor starts without re-importing torch, gymnasium and MuJoCo."""
+
+
+class ActorError(RuntimeError):
+    """An actor failed, died or got stuck; the message names rank and actor and carries the actor's traceback."""
+
+    def __init__(
+        self,
+        message: str,
+        rank: int,
+        actor_id: int,
+        traceback_text: str = "",
+        exitcode: Optional[int] = None,
+        env_index: Optional[int] = None,
+        step: Optional[int] = None,
+    ) -> None:
+        full = message
+        if traceback_text:
+            full += f"\n\n--- traceback in actor process (rank {rank} actor {actor_id}) ---\n{traceback_text.rstrip()}"
+        super().__init__(full)
+        self.message = message
+        self.rank = rank
+        self.actor_id = actor_id
+        self.traceback_text = traceback_text
+        self.exitcode = exitcode
+        self.env_index = env_index
+        self.step = step
+
+    def __reduce__(self):  # picklable (e.g. to be gathered from another rank) despite the extra fields
+        return type(self), (
+            self.message,
+            self.rank,
+            self.actor_id,
+            self.traceback_text,
+            self.exitcode,
+            self.env_index,
+            self.step,
+        )
+
+
+def _context(method: str) -> mp.context.BaseContext:
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
+
+
+SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+"""Set for the actor processes at their start: an actor is one core's worth of work, and a math library's
+worker threads would compete with the other actors (torch.set_num_threads cannot reach numpy's OpenBLAS)."""
+
+
+@contextlib.contextmanager
+def _child_start_state() -> Iterator[None]:
+    """Start children (and the forkserver) with SIGINT and SIGTERM ignored and single-threaded math libraries.
+
+    Ignored signals stay ignored across exec, so an actor ignores them from its first instruction, not only
+    once _actor_main runs; so does the forkserver, whose death would look like the death of every actor.
+    The learner's own handlers and environment are restored on exit.
+    """
+    saved_env = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
+    os.environ.update(SINGLE_THREAD_ENV)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in IGNORED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _describe_exit(exitcode: Optional[int]) -> str:
+    if exitcode is None:
+        return "exit code unknown"
+    if exitcode < 0:
+        try:
+            return f"exit code {exitcode} (killed by {signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    return f"exit code {exitcode}"
+
+
+class ActorPool:
+    """`num_actors` actor processes of one learner (rank) and the shared memory they write into.
+
+    Use as a context manager (or call close()); `collect` runs one round and returns the actors' reports,
+    sorted by actor id; the rollout is then in `buffers` ([A, T, E, ...] tensors, see ppo_ddp/buffers.py).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        rank: int,
+        num_actors: int,
+        obs_dim: int,
+        act_dim: int,
+        pin_memory: bool,
+        noise_states: Optional[list[Any]] = None,
+        first_round: int = 1,
+    ) -> None:
+        """noise_states: each actor's action-noise generator state (uint8 tensor or array) to continue from, or None.
+        first_round: the number of the first `collect` in the trainer's count (messages name rounds by it)."""
+        self.cfg, self.rank, self.num_actors = cfg, rank, num_actors
+        if noise_states is not None and len(noise_states) != num_actors:
+            raise ValueError(f"{len(noise_states)} noise states for {num_actors} actors")
+        self.buffers: Optional[SharedBuffers] = None
+        self._procs: list[mp.process.BaseProcess] = []
+        self._conns: list[mp.connection.Connection] = []
+        self._ready = [False] * num_actors
+        self._round = first_round - 1
+        self._slowest_round = 0.0
+        self._closed = False
+        self._started_at = time.monotonic()
+        try:
+            with torch.random.fork_rng(devices=[]):  # the parameter count must not consume the learner's RNG
+                probe = ActorCritic.from_config(cfg, obs_dim, act_dim)
+            spec = BufferSpec(
+                num_actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_parameters(probe)
+            )
+            self.buffers = SharedBuffers.create(spec)
+            if pin_memory:
+                self.buffers.pin()
+            ctx = _context(cfg.mp_start_method)
+            with _child_start_state():
+                for a in range(num_actors):
+                    parent_conn, child_conn = ctx.Pipe(duplex=True)
+                    self._conns.append(parent_conn)
+                    proc = ctx.Process(
+                        target=actor_main,
+                        args=(
+                            child_conn,
+                            ActorArgs(
+                                cfg,
+                                rank,
+                                a,
+                                spec,
+                                self.buffers.name,
+                                np.asarray(noise_states[a], dtype=np.uint8) if noise_states is not None else None,
+                            ),
+                        ),
+                        name=f"ppo-actor-r{rank}-a{a}",
+                        daemon=True,
+                    )
+                    proc.start()
+                    self._procs.append(proc)
+                    child_conn.close()
+        except BaseException:
+            self._shutdown(graceful=False)
+            raise
+
+    # ---- context manager ------------------------------------------------------------------------------
+    def __enter__(self) -> ActorPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            with contextlib.suppress(Exception):
+                self._shutdown(graceful=False)
+
+    @property
+    def pids(self) -> list[Optional[int]]:
+        return [p.pid for p in self._procs]
+
+    # ---- one round ------------------------------------------------------------------------------------
+    def collect(
+        self, model: torch.nn.Module, obs_rms: Optional[Moments], ret_rms: Optional[Moments]
+    ) -> list[ActorReport]:
+        """Publish weights and frozen statistics, run one round on every actor, return their reports.
+
+        The model may live on any device; its parameters are copied to the shared float32 vector. Any
+        failure (an actor's exception, death, timeout; also Ctrl-C here) closes the pool and raises.
+        """
+        if self._closed:
+            raise RuntimeError("ActorPool.collect on a closed pool")
+        try:
+            buffers = self.buffers
+            n = num_parameters(model)
+            if n != buffers.spec.num_params:
+                raise ValueError(f"model has {n} parameters, the pool was built for {buffers.spec.num_params}")
+            if buffers.pinned:
+                torch.cuda.synchronize()  # no asynchronous copy out of the rollout may still be reading it
+            write_flat_parameters(model, buffers.weights)
+            buffers.write_stats(obs_rms, ret_rms)
+            buffers.fill_sentinel()
+            if not all(self._ready):
+                bound = max(self.cfg.actor_timeout, MIN_STARTUP_TIMEOUT)
+                self._await("ready", self._started_at + bound, f"start within {bound:.0f} s")
+            self._round += 1
+            for a in range(self.num_actors):
+                self._send(a, ("round", self._round))
+            round_start = time.monotonic()
+            bound = self.cfg.actor_timeout + ROUND_TIME_FACTOR * self._slowest_round
+            reports = self._await(
+                "done",
+                round_start + bound,
+                f"finish round {self._round} within {bound:.1f} s (actor_timeout {self.cfg.actor_timeout:g} s "
+                f"+ {ROUND_TIME_FACTOR:g} x slowest round so far {self._slowest_round:.2f} s)",
+            )
+            self._slowest_round = max(self._slowest_round, time.monotonic() - round_start)
+        except BaseException:
+            self._shutdown(graceful=False)
+            raise
+        return [reports[a] for a in range(self.num_actors)]
+
+    def _send(self, a: int, msg: Any) -> None:
+        try:
+            self._conns[a].send(msg)
+        except OSError:
+            raise self._gone_error(a) from None
+
+    def _await(self, kind: str, deadline: float, what: str) -> dict[int, Any]:
+        """Wait for a `kind` message from every actor; raise ActorError on an error, a death or the deadline."""
+        pending = (
+            set(range(self.num_actors)) if kind == "done" else {a for a in range(self.num_actors) if not self._ready[a]}
+        )
+        results: dict[int, Any] = {}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._stuck_error(sorted(pending), what)
+            conn_of = {self._conns[a]: a for a in pending}
+            sentinel_of = {self._procs[a].sentinel: a for a in pending}
+            ready = mp.connection.wait(list(conn_of) + list(sentinel_of), timeout=remaining)
+            # messages first: an actor that raised sends its traceback and then exits
+            for obj in ready:
+                if obj in conn_of:
+                    a = conn_of[obj]
+                    results[a] = self._receive(a, kind)
+                    pending.discard(a)
+            for obj in ready:
+                if obj in sentinel_of and sentinel_of[obj] in pending:
+                    raise self._gone_error(sentinel_of[obj])
+        return results
+
+    def _receive(self, a: int, kind: str) -> Any:
+        try:
+            msg = self._conns[a].recv()
+        except (EOFError, OSError):
+            raise self._gone_error(a) from None
+        if msg[0] == "error":
+            raise self._actor_error(a, msg[1])
+        if msg[0] != kind or (kind == "done" and msg[1] != self._round):
+            raise ActorError(
+                f"rank {self.rank} actor {a}: unexpected message {msg[0]!r} while waiting for {kind!r}",
+                rank=self.rank,
+                actor_id=a,
+            )
+        if kind == "ready":
+            self._ready[a] = True
+            return None
+        return msg[2]
+
+    def _actor_error(self, a: int, info: dict[str, Any]) -> ActorError:
+        where = []
+        if info.get("env_index") is not None:
+            where.append(f"env {info['env_index']}")
+        if info.get("step") is not None:
+            where.append(f"step {info['step']}")
+        where.append(f"round {info['round']}" if info.get("round") is not None else "during start-up")
+        return ActorError(
+            f"rank {self.rank} actor {a} failed ({', '.join(where)}): {info['summary']}",
+            rank=self.rank,
+            actor_id=a,
+            traceback_text=info["traceback"],
+            env_index=info.get("env_index"),
+            step=info.get("step"),
+        )
+
+    def _gone_error(self, a: int) -> ActorError:
+        """The actor's process ended or its pipe broke: its last message if it left one, else how it died."""
+        conn, proc = self._conns[a], self._procs[a]
+        with contextlib.suppress(Exception):
+            if conn.poll(0):
+                msg = conn.recv()
+                if msg[0] == "error":
+                    return self._actor_error(a, msg[1])
+        proc.join(timeout=1.0)
+        return ActorError(
+            f"rank {self.rank} actor {a} (pid {proc.pid}) died unexpectedly, {_describe_exit(proc.exitcode)}",
+            rank=self.rank,
+            actor_id=a,
+            exitcode=proc.exitcode,
+        )
+
+    def _stuck_error(self, actors: list[int], what: str) -> ActorError:
+        for a in actors:  # a Python stack of where each stuck actor hangs, on its stderr (faulthandler)
+            with contextlib.suppress(Exception):
+                if self._procs[a].pid is not None:
+                    os.kill(self._procs[a].pid, signal.SIGUSR1)
+        time.sleep(0.2)
+        names = ", ".join(str(a) for a in actors)
+        return ActorError(
+            f"rank {self.rank} actor{'s' if len(actors) > 1 else ''} {names} did not {what}; "
+            f"stuck or far slower than expected (their Python stacks were dumped to stderr)",
+            rank=self.rank,
+            actor_id=actors[0],
+        )
+
+    # ---- shutdown -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the actors (politely, then kill), join them and unlink the shared memory. Idempotent."""
+        self._shutdown(graceful=True)
+
+    def _shutdown(self, graceful: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if graceful:
+                for conn in self._conns:
+                    with contextlib.suppress(Exception):
+                        conn.send(("close",))
+                deadline = time.monotonic() + CLOSE_TIMEOUT
+                for proc in self._procs:
+                    proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            # SIGKILL, not SIGTERM: actors ignore SIGTERM, and hold nothing that needs a clean exit (the learner
+            # owns the shared memory).
+            for proc in self._procs:
+                if proc.is_alive():
+                    proc.kill()
+            for proc in self._procs:
+                proc.join(timeout=5.0)
+        finally:
+            for conn in self._conns:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            if self.buffers is not None:
+                self.buffers.close()

@@ -1,0 +1,249 @@
+"""The run's checkpoints: where a run resumes from, when it saves, and what a checkpoint holds.
+
+`RunState` is what the run has done (round, global step, statistics, best return, recent returns), the same on
+every rank; `rank_state` is what only one rank knows (its parameters between weight averages, Adam moments,
+generators, its actors' noise). A checkpoint holds the run state, every rank's state, and at its top level the
+ranks' mean policy with the observation statistics, which is what `evaluate` reads (format in
+docs/design.md, "the checkpoint").
+
+The `Checkpointer` decides: the latest checkpoint every save_interval rounds and at the end, the best one
+when the mean return of the last RETURN_WINDOW episodes improves, and a latest one at a stop unless the
+round was just saved. Writing is rank 0's own work; gathering the ranks' states is a collective that every
+rank joins on the same decision.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import yaml
+
+from ppo_ddp import distributed as D
+from ppo_ddp.checkpoint import check_compatible, load_checkpoint, mean_policy, save_checkpoint
+from ppo_ddp.config import Config, config_to_dict
+from ppo_ddp.learner import Learner
+from ppo_ddp.normalization import Moments
+
+RETURN_WINDOW = 100
+"""Episodes in the rolling mean that decides the best checkpoint (per-round means are too noisy)."""
+
+
+@dataclass
+class RunState:
+    """What the run has done so far: the same on every rank, and what a checkpoint restores exactly."""
+
+    iteration: int = 0
+    """The last round that finished (0 before the first)."""
+    global_step: int = 0
+    """Env steps over all ranks, round 0 (the statistics' seeding) included."""
+    obs_rms: Optional[Moments] = None
+    ret_rms: Optional[Moments] = None
+    best_return: float = -math.inf
+    recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
+    noise_states: Optional[list[torch.Tensor]] = None
+    """This rank's actors' noise generator states after the last round (each rank its own)."""
+
+    def add_episodes(self, returns: list[float]) -> bool:
+        """Count the round's episodes; True when the mean of the last RETURN_WINDOW returns is a new best."""
+        self.recent_returns.extend(returns)
+        if not self.recent_returns or not self.mean_recent_return() > self.best_return:
+            return False
+        self.best_return = self.mean_recent_return()
+        return True
+
+    def mean_recent_return(self) -> float:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
+
+    def state_dict(self, normalize_obs: bool) -> dict[str, Any]:
+        return {
+            "obs_rms_state": self.obs_rms.to_state() if (normalize_obs and self.obs_rms) else None,
+            "return_rms_state": self.ret_rms.to_state() if self.ret_rms else None,
+            "iteration": self.iteration,
+            "global_step": self.global_step,
+            "best_return": self.best_return,
+            "recent_returns": list(self.recent_returns),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # The statistics exactly as saved: the next round merges its own increment into them once.
+        self.obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] else None
+        self.ret_rms = Moments.from_state(state["return_rms_state"]) if state.get("return_rms_state") else None
+        self.iteration, self.global_step = int(state["iteration"]), int(state["global_step"])
+        self.best_return = float(state["best_return"])
+        self.recent_returns.extend(float(r) for r in state.get("recent_returns", []))
+
+
+def rank_state(ctx: D.DistContext, learner: Learner, run: RunState) -> dict[str, Any]:
+    """What only this rank knows (its own Adam moments, RNG, actors' noise; parameters between syncs)."""
+    return {
+        "actor": {k: v.detach().cpu() for k, v in learner.model.state_dict().items()},
+        "optimizer": _to_cpu(learner.optimizer.state_dict()),
+        "generator": learner.generator.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "cuda_rng_state": torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None,
+        "actor_noise": run.noise_states,
+    }
+
+
+def _to_cpu(obj: Any) -> Any:
+    """Tensors of a nested state (e.g. an optimizer's) moved to the CPU, for pickling to another rank."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+class Checkpointer:
+    """The checkpoints of one run: `model_NAME.pt` (latest) and `model_NAME_best.pt` in its folder."""
+
+    def __init__(self, cfg: Config, ctx: D.DistContext, run_dir: Path, run_name: str, shapes: tuple[int, int]) -> None:
+        self.cfg, self.ctx, self.run_name = cfg, ctx, run_name
+        self.obs_dim, self.act_dim = shapes
+        self.latest, self.best = checkpoint_paths(run_dir, run_name)
+        self.last_good: Optional[int] = None
+        """The round of the latest checkpoint of this run known to be on disk (rank 0's knowledge)."""
+        self.saved_round = 0
+        """The round the latest checkpoint holds; the same number on every rank."""
+
+    def kept(self) -> Optional[str]:
+        """The checkpoint a failed run leaves, for its error line."""
+        return None if self.last_good is None else f"{self.latest}, round {self.last_good}"
+
+    # ---- resume ---------------------------------------------------------------------------------------------
+    def resume_path(self, restarted: bool) -> Optional[Path]:
+        """The checkpoint to continue from: the run's latest after a torchelastic restart, else --resume."""
+        if restarted and self.latest.is_file():
+            return self.latest
+        if self.cfg.resume is None:
+            return None
+        if self.cfg.resume == "auto":  # validate() made sure run_name is set
+            return self.latest if self.latest.is_file() else None
+        return Path(self.cfg.resume)
+
+    def load(self, path: Path, model: torch.nn.Module) -> dict[str, Any]:
+        """Read and check a checkpoint to resume (rank 0, which then broadcasts it)."""
+        state = load_checkpoint(path)
+        check_compatible(state, self.cfg, model, self.obs_dim, self.act_dim, path)
+        return state
+
+    def restore(
+        self, state: dict[str, Any], path: Path, run: RunState, learner: Learner, actors: int, notes: list[str]
+    ) -> None:
+        """The run state and this rank's own state from a checkpoint; notes collects what the user should read."""
+        run.noise_states = _restore_rank(state, self.ctx, learner, actors, notes)
+        run.load_state_dict(state)
+        self.saved_round = run.iteration
+
+    # ---- saving ---------------------------------------------------------------------------------------------
+    def latest_due(self, iteration: int, num_iterations: int) -> bool:
+        return iteration % self.cfg.save_interval == 0 or iteration == num_iterations
+
+    def gather(self, needed: bool, learner: Learner, run: RunState) -> Optional[list[dict[str, Any]]]:
+        """Collective when needed (the same decision on every rank): every rank's state, on rank 0."""
+        if not needed:
+            return None
+        return D.gather_to_main(self.ctx, rank_state(self.ctx, learner, run))
+
+    def write(self, path: Path, run: RunState, rank_states: list[dict[str, Any]]) -> None:
+        """Rank 0: the checkpoint of the round run.iteration, atomically."""
+        own = rank_states[0]  # the top level: the ranks' mean policy, rank 0's optimizer and generators
+        save_checkpoint(
+            path,
+            {
+                "actor": mean_policy([r["actor"] for r in rank_states]),
+                **run.state_dict(self.cfg.normalize_obs),
+                "optimizer": own["optimizer"],
+                "generator": own["generator"],
+                "torch_rng_state": own["torch_rng_state"],
+                "rank_states": rank_states,
+                "config": config_to_dict(self.cfg),
+                "env_id": self.cfg.env_id,
+                "obs_dim": self.obs_dim,
+                "act_dim": self.act_dim,
+                "world_size": self.ctx.world_size,
+                "run_name": self.run_name,
+            },
+        )
+        if path == self.latest:
+            self.last_good = run.iteration
+
+    def save_at_stop(self, learner: Learner, run: RunState) -> None:
+        """A stop keeps every finished round: the latest checkpoint, unless that round is saved already."""
+        if run.iteration > self.saved_round:  # the same decision on every rank: all join the gather
+            states = self.gather(True, learner, run)
+            if self.ctx.is_main:
+                self.write(self.latest, run, states)
+
+
+def checkpoint_paths(run_dir: Path, run_name: str) -> tuple[Path, Path]:
+    return run_dir / f"model_{run_name}.pt", run_dir / f"model_{run_name}_best.pt"
+
+
+def find_elastic_run(runs_dir: Path, run_id: str) -> Optional[str]:
+    """The run that an earlier attempt of this torchelastic group started (config.yaml records the id)."""
+    found: list[tuple[float, str]] = []
+    for path in runs_dir.glob("*/config.yaml"):
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict) and doc.get("torchelastic_run_id") == run_id and doc.get("run_name"):
+            found.append((path.stat().st_mtime, str(doc["run_name"])))
+    return max(found)[1] if found else None
+
+
+def elastic_restart() -> tuple[int, Optional[str]]:
+    """(restart count, rendezvous id) of a torchelastic group; (0, None) outside torchrun."""
+    if not D.under_torchrun():
+        return 0, None
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), os.environ.get("TORCHELASTIC_RUN_ID")
+
+
+def _restore_rank(
+    state: dict[str, Any], ctx: D.DistContext, learner: Learner, actors: int, notes: list[str]
+) -> Optional[list[torch.Tensor]]:
+    """Load the model, optimizer and RNG of this rank from a checkpoint; returns the actors' noise states.
+
+    A checkpoint of the same world size holds every rank's own state (rank_states); another world size
+    gives every rank rank 0's optimizer and generator, and fresh actor noise.
+    """
+    cfg = learner.cfg
+    ranks = state.get("rank_states")
+    mine = ranks[ctx.rank] if ranks and len(ranks) == ctx.world_size else None
+    if mine is None and ctx.is_main and state.get("world_size") != ctx.world_size:
+        notes.append(
+            f"the checkpoint was written by {state.get('world_size')} rank(s), this run has {ctx.world_size}: "
+            f"every rank starts from rank 0's parameters and Adam moments, the actors from fresh noise"
+        )
+    source = mine or state
+    learner.model.load_state_dict(source["actor"])
+    learner.optimizer.load_state_dict(source["optimizer"])
+    # The optimizer state carries the rate it last used; the command line's wins (with anneal_lr the next round
+    # sets its own anyway).
+    saved_lr = learner.optimizer.param_groups[0]["lr"]
+    learner.set_learning_rate(cfg.learning_rate)
+    if not cfg.anneal_lr and saved_lr != cfg.learning_rate and ctx.is_main:
+        notes.append(f"learning_rate {cfg.learning_rate:g} (this run's) replaces the checkpoint's {saved_lr:g}")
+    try:
+        learner.generator.set_state(source["generator"])
+        if mine is not None:
+            torch.set_rng_state(mine["torch_rng_state"])
+            if ctx.device.type == "cuda" and mine.get("cuda_rng_state") is not None:
+                torch.cuda.set_rng_state(mine["cuda_rng_state"], ctx.device)
+        elif state.get("torch_rng_state") is not None:
+            torch.set_rng_state(state["torch_rng_state"])
+    except RuntimeError:  # a CUDA generator's state on a CPU learner or the reverse: shapes differ
+        if ctx.is_main:
+            notes.append("the checkpoint's random generator states are of another device: reseeded from --seed")
+    noise = mine.get("actor_noise") if mine is not None else None
+    return list(noise) if noise is not None and len(noise) == actors else None

@@ -1,0 +1,70 @@
+"""The tests' view of a run: every rank writes what it saw in each round, when PPO_DDP_DEBUG_DIR names a folder.
+
+The trainer calls `RoundRecorder.record` in one line after each round's weight averaging (and after round 0,
+which seeds the statistics); tests compare ranks, recompute statistics from the data the actors wrote, and
+find the processes to signal (`pid`, `actor_pids`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from ppo_ddp.actor import ActorReport
+from ppo_ddp.checkpointer import rank_state
+from ppo_ddp.normalization import Moments
+
+if TYPE_CHECKING:  # the trainer calls this module: a type hint only, so the imports stay one-way
+    from ppo_ddp.trainer import Trainer
+
+DEBUG_DIR_ENV = "PPO_DDP_DEBUG_DIR"
+
+
+class RoundRecorder:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    @staticmethod
+    def from_env() -> Optional[RoundRecorder]:
+        folder = os.environ.get(DEBUG_DIR_ENV)
+        return RoundRecorder(Path(folder)) if folder else None
+
+    def record(
+        self,
+        trainer: Trainer,
+        iteration: int,
+        metrics: dict[str, float],
+        frozen_obs_rms: Optional[Moments],
+        adv_stats: Optional[tuple[float, float]],
+        reports: list[ActorReport],
+    ) -> None:
+        """This rank's view of the round (`rank{R}_iter{K}.pt`)."""
+        ctx, pool, run = trainer.ctx, trainer.pool, trainer.run
+        own = rank_state(ctx, trainer.learner, run)
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "params": torch.cat([p.detach().cpu().reshape(-1) for p in trainer.model.parameters()]),
+                "metrics": metrics,
+                "obs_rms": run.obs_rms.to_state() if run.obs_rms else None,
+                "frozen_obs_rms": frozen_obs_rms.to_state() if frozen_obs_rms else None,
+                "obs": pool.buffers.obs.clone(),
+                "advantages": pool.buffers.advantages.clone(),
+                "adv_stats": adv_stats,
+                "obs_increments": [r.obs_moments.to_state() for r in reports],
+                "rank": ctx.rank,
+                "local_rank": ctx.local_rank,
+                "world_size": ctx.world_size,
+                "node_rank": int(os.environ.get("GROUP_RANK", "0")),
+                "pid": os.getpid(),
+                "actor_pids": [p for p in pool.pids if p is not None],
+                # what a checkpoint of this round must hold for this rank (resume tests compare them)
+                "optimizer": own["optimizer"],
+                "generator": own["generator"],
+                "actor_noise": [torch.from_numpy(r.noise_state) for r in reports],
+            },
+            self.out / f"rank{ctx.rank}_iter{iteration}.pt",
+        )
