@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -53,9 +54,10 @@ class RunState:
     def add_episodes(self, returns: list[float]) -> bool:
         """Count the round's episodes; True when the mean of the last RETURN_WINDOW returns is a new best."""
         self.recent_returns.extend(returns)
-        if not self.recent_returns or not self.mean_recent_return() > self.best_return:
+        mean = self.mean_recent_return()
+        if not self.recent_returns or not mean > self.best_return:
             return False
-        self.best_return = self.mean_recent_return()
+        self.best_return = mean
         return True
 
     def mean_recent_return(self) -> float:
@@ -145,8 +147,20 @@ class Checkpointer:
         self.saved_round = run.iteration
 
     # ---- saving ---------------------------------------------------------------------------------------------
-    def latest_due(self, iteration: int, num_iterations: int) -> bool:
-        return iteration % self.cfg.save_interval == 0 or iteration == num_iterations
+    def after_round(
+        self, learner: Learner, run: RunState, num_iterations: int, improved: bool, own_work: Callable[..., Any]
+    ) -> None:
+        """Every rank, after each round: the latest checkpoint every save_interval rounds and at the end, the best
+        one when the mean recent return improved. own_work runs rank 0's writes (agreement.own_work)."""
+        latest = run.iteration % self.cfg.save_interval == 0 or run.iteration == num_iterations
+        rank_states = self.gather(latest or improved, learner, run)  # a collective, on every rank alike
+        if latest:
+            self.saved_round = run.iteration
+        if self.ctx.is_main:
+            if improved:
+                own_work(self.write, self.best, run, rank_states)
+            if latest:
+                own_work(self.write, self.latest, run, rank_states)
 
     def gather(self, needed: bool, learner: Learner, run: RunState) -> Optional[list[dict[str, Any]]]:
         """Collective when needed (the same decision on every rank): every rank's state, on rank 0."""

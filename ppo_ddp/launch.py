@@ -19,9 +19,8 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from ppo_ddp import distributed as D
-from ppo_ddp.agreement import RunFailed, Stopped
-from ppo_ddp.checkpoint import CheckpointError
-from ppo_ddp.config import Config, ConfigError
+from ppo_ddp.agreement import BAD_INPUT, RunFailed, Stopped
+from ppo_ddp.config import Config
 from ppo_ddp.signals import ForcedStop, StopRequests, exit_code, signal_name
 from ppo_ddp.topology import TrainingTopology
 from ppo_ddp.trainer import Trainer
@@ -47,7 +46,7 @@ def main(cfg: Config) -> None:
                 if ctx.is_main:
                     print(stop_message(e), flush=True)
                 raise
-    except (ConfigError, CheckpointError) as e:  # found alike by every rank (e.g. a topology that does not fit)
+    except BAD_INPUT as e:  # found alike by every rank (e.g. a topology that does not fit)
         if D.is_local_main():  # one line per node
             print(f"train.py: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

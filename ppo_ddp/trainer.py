@@ -190,14 +190,13 @@ class Trainer:
         """Merge this round's increments over all actors of all ranks into the history, once; returns the
         (mean, unbiased std) of all ranks' advantages for their normalisation, or None."""
         cfg, run = self.cfg, self.run
+        # non-finite advantages are not checked here: the update that follows reports them, with round and rank
         obs_inc, ret_inc, adv_moments = D.merge_moments_across_ranks(
             self.ctx,
             [
                 merge_rms_states(r.obs_moments for r in rollout.reports) if cfg.normalize_obs else None,
                 merge_rms_states(r.return_moments for r in rollout.reports) if cfg.normalize_reward else None,
-                tensor_moments(rollout.batch.advantages)
-                if cfg.norm_adv
-                else None,  # non-finite: caught after the update
+                tensor_moments(rollout.batch.advantages) if cfg.norm_adv else None,
             ],
             [self.obs_shape, (), ()],
         )
@@ -250,17 +249,9 @@ class Trainer:
         return metrics, improved
 
     def _log_and_save(self, metrics: dict[str, float], improved: bool) -> None:
-        ckpt, run, agree = self.checkpointer, self.run, self.agreement
-        latest = ckpt.latest_due(run.iteration, self.num_iterations)
-        rank_states = ckpt.gather(latest or improved, self.learner, run)  # a collective, on every rank alike
-        if latest:
-            ckpt.saved_round = run.iteration
         if self.ctx.is_main:  # rank 0's own work; a failure is told to the others at the next settle
-            agree.own_work(self.logger.log, run.iteration, run.global_step, metrics)
-            if improved:
-                agree.own_work(ckpt.write, ckpt.best, run, rank_states)
-            if latest:
-                agree.own_work(ckpt.write, ckpt.latest, run, rank_states)
+            self.agreement.own_work(self.logger.log, self.run.iteration, self.run.global_step, metrics)
+        self.checkpointer.after_round(self.learner, self.run, self.num_iterations, improved, self.agreement.own_work)
 
     def _record(self, iteration: int, metrics: dict[str, float], frozen_obs_rms, adv_stats, reports) -> None:
         if self.recorder is not None:
