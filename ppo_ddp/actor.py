@@ -24,7 +24,7 @@ import torch
 from ppo_ddp.buffers import ROLLOUT_FIELDS, BufferSpec, SharedBuffers
 from ppo_ddp.config import Config
 from ppo_ddp.envs import env_seed, make_env
-from ppo_ddp.model import LOG_SQRT_2PI, ActorCritic, read_flat_parameters
+from ppo_ddp.model import LOG_SQRT_2PI, ActorCritic, PolicyKernel, read_flat_parameters
 from ppo_ddp.normalization import DiscountedReturn, Moments, compute_batch_moments, normalize_obs, scale_reward
 from ppo_ddp.rollout import compute_gae, prepare_action
 
@@ -76,55 +76,6 @@ class ActorArgs:
     buffer_spec: BufferSpec
     shm_name: str
     noise_state: Optional[np.ndarray] = None
-
-
-class PolicyKernel:
-    """The actor-critic's forward pass in numpy, for the actor's per-step inference on a few observations.
-
-    A 64x64 MLP on 1-16 rows costs far less in numpy than torch's per-op dispatch (about 3x on the 2-core
-    benchmark machine), and this runs once per env step. The math is the model's own: `load(model)` takes
-    the weights of the round from the CPU ActorCritic (filled by read_flat_parameters), the layers and
-    activation are the model's, and tests check values and log-probs against model.value / model.evaluate.
-    The first layers of the policy and the value MLP share one matmul (their inputs are the same).
-    """
-
-    _ACTIVATIONS = {
-        "tanh": lambda h: np.tanh(h, out=h),
-        "relu": lambda h: np.maximum(h, 0.0, out=h),
-        "elu": lambda h: np.copyto(h, np.expm1(np.minimum(h, 0.0)), where=h < 0),
-    }
-
-    def __init__(self, model: ActorCritic, activation: str) -> None:
-        self.activation = self._ACTIVATIONS[activation]
-        self.load(model)
-
-    def load(self, model: ActorCritic) -> None:
-        def linears(seq: torch.nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
-            return [
-                (m.weight.detach().numpy().T.astype(np.float32, order="C"), m.bias.detach().numpy().astype(np.float32))
-                for m in seq
-                if isinstance(m, torch.nn.Linear)
-            ]
-
-        actor, critic = linears(model.actor_mean), linears(model.critic)
-        self.width = actor[0][0].shape[1]
-        self.first = (np.concatenate([actor[0][0], critic[0][0]], axis=1), np.concatenate([actor[0][1], critic[0][1]]))
-        self.actor_rest, self.critic_rest = actor[1:], critic[1:]
-
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(action mean [N, act_dim], value [N]) for normalised float32 observations [N, obs_dim]."""
-        h = obs @ self.first[0]
-        h += self.first[1]
-        self.activation(h)
-        out = []
-        for x, layers in ((h[:, : self.width], self.actor_rest), (h[:, self.width :], self.critic_rest)):
-            for i, (w, b) in enumerate(layers):
-                x = x @ w
-                x += b
-                if i < len(layers) - 1:
-                    self.activation(x)
-            out.append(x)
-        return out[0], out[1][:, 0]
 
 
 class Actor:
@@ -238,8 +189,8 @@ class Actor:
     def _load_round(self) -> tuple[Optional[Moments], Optional[Moments]]:
         """The round's weights into the policy and the frozen statistics (None where not normalising)."""
         read_flat_parameters(self.model, self.buffers.weights)
-        self.kernel.load(self.model)
-        obs_rms, ret_rms = self.buffers.read_stats()
+        obs_rms, ret_rms, value_rms = self.buffers.read_stats()
+        self.kernel.load(self.model, value_rms if self.cfg.normalize_value else None)
         return (obs_rms if self.cfg.normalize_obs else None), (ret_rms if self.cfg.normalize_reward else None)
 
     def _draw_noise(self) -> tuple[np.ndarray, np.ndarray]:

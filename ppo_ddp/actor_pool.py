@@ -216,7 +216,11 @@ class ActorPool:
 
     # ---- one round ------------------------------------------------------------------------------------
     def collect(
-        self, model: torch.nn.Module, obs_rms: Optional[Moments], ret_rms: Optional[Moments]
+        self,
+        model: torch.nn.Module,
+        obs_rms: Optional[Moments],
+        ret_rms: Optional[Moments],
+        value_rms: Optional[Moments] = None,
     ) -> list[ActorReport]:
         """Publish weights and frozen statistics, run one round on every actor, return their reports.
 
@@ -233,7 +237,7 @@ class ActorPool:
             if buffers.pinned:
                 torch.cuda.synchronize()  # no asynchronous copy out of the rollout may still be reading it
             write_flat_parameters(model, buffers.weights)
-            buffers.write_stats(obs_rms, ret_rms)
+            buffers.write_stats(obs_rms, ret_rms, value_rms)
             buffers.fill_sentinel()
             if not all(self._ready):
                 bound = max(self.cfg.actor_timeout, MIN_STARTUP_TIMEOUT)

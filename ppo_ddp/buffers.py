@@ -20,11 +20,14 @@ obs_count      float64  [1]                 0 => no statistics yet (actors norma
 ret_mean       float64  [1]                 learner: frozen discounted-return statistics of the round
 ret_var        float64  [1]
 ret_count      float64  [1]                 0 => no statistics yet (rewards are not scaled)
+val_mean       float64  [1]                 learner: frozen statistics of the returns (value targets) of the round
+val_var        float64  [1]
+val_count      float64  [1]                 0 => the critic's output is used as it is (no value normalisation)
 *rollout*      (actor a writes only [a]; the learner fills it with the sentinel before each round)
 obs            float32  [A, T, E, obs_dim]  observation as the policy saw it (normalised with the frozen stats, clipped)
 actions        float32  [A, T, E, act_dim]  raw Normal sample = policy_action (the env got its clip to the bounds)
 logp           float32  [A, T, E]           log-prob of actions under the round's weights
-values         float32  [A, T, E]           V(obs)
+values         float32  [A, T, E]           V(obs), in reward units (the critic's output de-normalised with val_*)
 next_values    float32  [A, T, E]           V(obs after the step, before any reset): V(final obs) at episode ends
 advantages     float32  [A, T, E]           GAE(gamma, lambda) on the (scaled) rewards
 returns        float32  [A, T, E]           advantages + values
@@ -54,7 +57,8 @@ ALIGN = 64
 PAGE = mmap.PAGESIZE
 FLAG_SENTINEL = 255
 
-PARAMETER_FIELDS = ("weights", "obs_mean", "obs_var", "obs_count", "ret_mean", "ret_var", "ret_count")
+STATISTICS = ("obs", "ret", "val")  # prefixes of the frozen statistics: observations, discounted returns, values
+PARAMETER_FIELDS = ("weights", *(f"{p}_{s}" for p in STATISTICS for s in ("mean", "var", "count")))
 ROLLOUT_FIELDS = (
     "obs",
     "actions",
@@ -96,6 +100,9 @@ class BufferSpec:
             "ret_mean": (f64, (1,)),
             "ret_var": (f64, (1,)),
             "ret_count": (f64, (1,)),
+            "val_mean": (f64, (1,)),
+            "val_var": (f64, (1,)),
+            "val_count": (f64, (1,)),
             "obs": (f32, (A, T, E, self.obs_dim)),
             "actions": (f32, (A, T, E, self.act_dim)),
             "logp": (f32, (A, T, E)),
@@ -163,8 +170,8 @@ class SharedBuffers:
             shm.close()
             shm.unlink()
             raise
-        buffers.arrays["obs_count"][:] = 0.0
-        buffers.arrays["ret_count"][:] = 0.0
+        for prefix in STATISTICS:
+            buffers.arrays[f"{prefix}_count"][:] = 0.0
         buffers.fill_sentinel()
         return buffers
 
@@ -226,8 +233,10 @@ class SharedBuffers:
             self.arrays[name].fill(FLAG_SENTINEL if name in FLAG_FIELDS else np.nan)
 
     # ---- frozen statistics -----------------------------------------------------------------------------
-    def write_stats(self, obs_rms: Optional[Moments], ret_rms: Optional[Moments]) -> None:
-        for prefix, moments in (("obs", obs_rms), ("ret", ret_rms)):
+    def write_stats(
+        self, obs_rms: Optional[Moments], ret_rms: Optional[Moments], value_rms: Optional[Moments] = None
+    ) -> None:
+        for prefix, moments in zip(STATISTICS, (obs_rms, ret_rms, value_rms)):
             if moments is None or moments.count == 0:
                 self.arrays[f"{prefix}_count"][:] = 0.0
                 continue
@@ -238,17 +247,18 @@ class SharedBuffers:
             self.arrays[f"{prefix}_var"][:] = np.reshape(moments.var, mean.shape)
             self.arrays[f"{prefix}_count"][:] = moments.count
 
-    def read_stats(self) -> tuple[Optional[Moments], Optional[Moments]]:
-        """(obs_rms, ret_rms) as published; copies, so they stay valid when the learner writes the next round's."""
+    def read_stats(self) -> tuple[Optional[Moments], Optional[Moments], Optional[Moments]]:
+        """(obs_rms, ret_rms, value_rms) as published; copies, so they stay valid when the learner writes the next
+        round's."""
         out = []
-        for prefix, scalar in (("obs", False), ("ret", True)):
+        for prefix in STATISTICS:
             count = float(self.arrays[f"{prefix}_count"][0])
             if count == 0:
                 out.append(None)
                 continue
             mean = self.arrays[f"{prefix}_mean"].copy()
             var = self.arrays[f"{prefix}_var"].copy()
-            if scalar:
+            if prefix != "obs":  # the return statistics are scalars
                 mean, var = mean.reshape(()), var.reshape(())
             out.append(Moments(mean, var, count))
-        return out[0], out[1]
+        return out[0], out[1], out[2]

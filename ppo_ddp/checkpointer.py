@@ -46,6 +46,11 @@ class RunState:
     """Env steps over all ranks, round 0 (the statistics' seeding) included."""
     obs_rms: Optional[Moments] = None
     ret_rms: Optional[Moments] = None
+    """Discounted-return statistics: the rewards' scale (normalize_reward)."""
+    value_rms: Optional[Moments] = None
+    """Statistics of the returns the critic learns (normalize_value)."""
+    learning_rate: Optional[float] = None
+    """The adapted learning rate of the next round (adaptive_lr; None: the configured schedule's)."""
     best_return: float = -math.inf
     recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     noise_states: Optional[list[torch.Tensor]] = None
@@ -67,6 +72,8 @@ class RunState:
         return {
             "obs_rms_state": self.obs_rms.to_state() if (normalize_obs and self.obs_rms) else None,
             "return_rms_state": self.ret_rms.to_state() if self.ret_rms else None,
+            "value_rms_state": self.value_rms.to_state() if self.value_rms else None,
+            "learning_rate": self.learning_rate,
             "iteration": self.iteration,
             "global_step": self.global_step,
             "best_return": self.best_return,
@@ -77,6 +84,8 @@ class RunState:
         # The statistics exactly as saved: the next round merges its own increment into them once.
         self.obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] else None
         self.ret_rms = Moments.from_state(state["return_rms_state"]) if state.get("return_rms_state") else None
+        self.value_rms = Moments.from_state(state["value_rms_state"]) if state.get("value_rms_state") else None
+        self.learning_rate = state.get("learning_rate")
         self.iteration, self.global_step = int(state["iteration"]), int(state["global_step"])
         self.best_return = float(state["best_return"])
         self.recent_returns.extend(float(r) for r in state.get("recent_returns", []))
@@ -242,11 +251,11 @@ def _restore_rank(
     source = mine or state
     learner.model.load_state_dict(source["actor"])
     learner.optimizer.load_state_dict(source["optimizer"])
-    # The optimizer state carries the rate it last used; the command line's wins (with anneal_lr the next round
-    # sets its own anyway).
+    # The optimizer state carries the rate it last used; the command line's wins (with anneal_lr or adaptive_lr
+    # the next round sets the schedule's: the adapted rate is in the run state).
     saved_lr = learner.optimizer.param_groups[0]["lr"]
     learner.set_learning_rate(cfg.learning_rate)
-    if not cfg.anneal_lr and saved_lr != cfg.learning_rate and ctx.is_main:
+    if not (cfg.anneal_lr or cfg.adaptive_lr) and saved_lr != cfg.learning_rate and ctx.is_main:
         notes.append(f"learning_rate {cfg.learning_rate:g} (this run's) replaces the checkpoint's {saved_lr:g}")
     try:
         learner.generator.set_state(source["generator"])

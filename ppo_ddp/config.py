@@ -50,10 +50,20 @@ class Config:
     """Gymnasium envs each actor steps in lockstep (batched policy inference)."""
     rollout_length: int = 128
     """Steps per env per round; a round is world_size * actors_per_gpu * envs_per_actor * rollout_length env steps."""
+    sync_mode: Literal["params", "gradients"] = "params"
+    """How the learners stay in step. "params": each trains on its own rollout and their parameters are averaged
+    every param_sync_interval rounds. "gradients": the flat gradient is averaged over ranks at every mini-batch
+    step (as DistributedDataParallel does), so N ranks act as one learner with N times the mini-batch and their
+    parameters are identical after every step."""
     param_sync_interval: int = 1
-    """All-reduce-average the learners' parameters every this many rounds (1: ranks identical every round)."""
+    """With sync_mode "params": average the learners' parameters every this many rounds (1: identical every
+    round)."""
     mp_start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How actor processes start; both are safe with CUDA and threads (fork is not)."""
+    learner_threads: int = 1
+    """CPU threads of a CPU learner's update. The actors wait during the update, so the cores they step on are
+    free then: 2 threads halve the update of the large-batch presets on 2 cores (docs/benchmarks/throughput.md),
+    while mini-batches of 64 run fastest on one."""
     actor_timeout: float = 60.0
     """Seconds an actor may take beyond the expected round time before the learner declares it stuck."""
 
@@ -62,6 +72,12 @@ class Config:
     """Adam learning rate at the start of training."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to 0 over total_timesteps."""
+    adaptive_lr: bool = False
+    """Adapt the learning rate to the policy's KL after each round instead (rl_games' "adaptive" schedule): divide
+    it by 1.5 when the round's KL, averaged over ranks, exceeded 2 * lr_kl_target, multiply it by 1.5 when it
+    was below lr_kl_target / 2, within [1e-6, 1e-2]. Needs anneal_lr off."""
+    lr_kl_target: float = 0.008
+    """The KL the adaptive learning rate aims at."""
     gamma: float = 0.99
     """Discount factor, in (0, 1]."""
     gae_lambda: float = 0.95
@@ -103,6 +119,9 @@ class Config:
     """Scale rewards by the running std of the discounted return (as gymnasium's NormalizeReward)."""
     reward_clip: float = 10.0
     """Clip scaled rewards to [-reward_clip, reward_clip]."""
+    normalize_value: bool = False
+    """The critic learns normalised returns: targets and old values are standardised with running statistics of
+    the returns merged over all actors and ranks (saved in checkpoints); actors de-normalise its output."""
 
     # ---- outputs ------------------------------------------------------------
     run_name: Optional[str] = None
@@ -132,8 +151,17 @@ COUNT_FIELDS = (
     "update_epochs",
     "num_minibatches",
     "save_interval",
+    "learner_threads",
 )
-POSITIVE_FLOAT_FIELDS = ("learning_rate", "clip_coef", "max_grad_norm", "obs_clip", "reward_clip", "actor_timeout")
+POSITIVE_FLOAT_FIELDS = (
+    "learning_rate",
+    "lr_kl_target",
+    "clip_coef",
+    "max_grad_norm",
+    "obs_clip",
+    "reward_clip",
+    "actor_timeout",
+)
 NON_NEGATIVE_FLOAT_FIELDS = ("ent_coef", "vf_coef")
 
 
@@ -230,6 +258,12 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail("gae_lambda", cfg.gae_lambda, "must be in [0, 1]")
     if cfg.target_kl is not None and not cfg.target_kl > 0:
         raise _fail("target_kl", cfg.target_kl, "must be > 0 or None")
+    if cfg.adaptive_lr and cfg.anneal_lr:
+        raise _fail("adaptive_lr", True, "the rate follows the KL, so anneal_lr must be false (--no-anneal-lr)")
+    if cfg.sync_mode == "gradients" and cfg.param_sync_interval != 1:
+        raise _fail(
+            "param_sync_interval", cfg.param_sync_interval, 'must be 1 with sync_mode "gradients" (ranks never differ)'
+        )
     if not cfg.hidden_sizes or any(h <= 0 for h in cfg.hidden_sizes):
         raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
     if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():

@@ -1,8 +1,8 @@
 """Everything that touches torch.distributed: process-group setup/teardown and the few collectives PPO needs.
 
 Every run has a process group, even `python train.py` with one learner (world size 1, an in-memory
-store), so every rank runs the same code path. Collectives move small float64 vectors; nothing
-here is called per mini-batch (learners train independently between weight averages).
+store), so every rank runs the same code path. Collectives move small float64 vectors and the flat
+parameters; only sync_mode "gradients" calls one per mini-batch (`average_` of the flat gradient).
 """
 
 from __future__ import annotations
@@ -223,16 +223,18 @@ def _f64(ctx: DistContext, values: Sequence[float] | np.ndarray) -> torch.Tensor
 
 @_collective
 @torch.no_grad()
-def average_parameters(ctx: DistContext, flat_params: torch.Tensor) -> None:
-    """Replace every rank's parameters by their mean over ranks (not Adam's moments: each rank keeps its own).
+def average_(ctx: DistContext, tensor: torch.Tensor) -> None:
+    """Replace a tensor by its mean over ranks, in place: the learner's flat parameters at a weight average (not
+    Adam's moments: each rank keeps its own), its flat gradient at every mini-batch step of sync_mode
+    "gradients", the epoch's KL there.
 
-    In place on the learner's flat parameter buffer (model.flatten_parameters_): one all_reduce, and every
-    rank divides the same sum by the same number, so the result is bitwise identical everywhere.
+    One all_reduce, and every rank divides the same sum by the same number, so the result is bitwise identical
+    everywhere. The tensor lives on ctx.comm_device (the learner's device: NCCL on CUDA, gloo on the CPU).
     """
     if ctx.world_size == 1:
         return
-    dist.all_reduce(flat_params, op=dist.ReduceOp.SUM)
-    flat_params /= ctx.world_size
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    tensor /= ctx.world_size
 
 
 @_collective

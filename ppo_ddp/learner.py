@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -46,6 +47,12 @@ class RolloutBatch:
 
 # (mean, std) of the advantages over all ranks' data; a collective under torchrun.
 GlobalMeanStd = Callable[[torch.Tensor], "tuple[float, float]"]
+# Replace a tensor by its mean over ranks, in place (distributed.average_); nothing to do with one rank.
+RankMean = Callable[[torch.Tensor], None]
+
+
+def _no_other_ranks(tensor: torch.Tensor) -> None:
+    pass
 
 
 class NonFiniteError(FloatingPointError):
@@ -71,11 +78,34 @@ def annealed_learning_rate(initial: float, global_step: int, total_timesteps: in
     return initial * max(0.0, 1.0 - global_step / total_timesteps)
 
 
+ADAPTIVE_LR_FACTOR = 1.5
+ADAPTIVE_LR_BOUNDS = (1e-6, 1e-2)
+
+
+def adapted_learning_rate(lr: float, kl: float, kl_target: float) -> float:
+    """rl_games' adaptive schedule, once a round: the next round's rate from this round's KL (averaged over ranks,
+    so every rank computes the same rate). A NaN KL (no update) leaves the rate as it is."""
+    low, high = ADAPTIVE_LR_BOUNDS
+    if kl > 2.0 * kl_target:
+        return max(lr / ADAPTIVE_LR_FACTOR, low)
+    if kl < 0.5 * kl_target:
+        return min(lr * ADAPTIVE_LR_FACTOR, high)
+    return lr
+
+
 class Learner:
-    def __init__(self, cfg: Config, model: ActorCritic, device: torch.device) -> None:
+    """PPO on one rank. With cfg.sync_mode "gradients", `rank_mean` averages the flat gradient over ranks at every
+    mini-batch step and the early-stop KL at every epoch, so all ranks take the same steps; the learner itself
+    knows nothing of torch.distributed."""
+
+    def __init__(
+        self, cfg: Config, model: ActorCritic, device: torch.device, rank_mean: RankMean = _no_other_ranks
+    ) -> None:
         self.cfg = cfg
         self.model = model
         self.device = device
+        self.sync_gradients = cfg.sync_mode == "gradients"
+        self.rank_mean = rank_mean
         # One flat parameter (see flatten_parameters_) and the fused Adam: one kernel a step on CPU and CUDA,
         # where a per-tensor Adam on 2L+1 small tensors is a few dozen ops of dispatch overhead.
         self.flat_params, self.flat_grads = flatten_parameters_(model)
@@ -87,20 +117,30 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def train_step(self, batch: RolloutBatch, global_mean_std: GlobalMeanStd) -> dict[str, float]:
-        """PPO epochs over the whole round; returns this rank's metrics (averaged over ranks by the caller)."""
+    def train_step(
+        self, batch: RolloutBatch, global_mean_std: GlobalMeanStd, value_stats: Optional[tuple[float, float]] = None
+    ) -> dict[str, float]:
+        """PPO epochs over the whole round; returns this rank's metrics (averaged over ranks by the caller).
+
+        value_stats: (mean, std) of the returns over all ranks and rounds when the critic learns normalised
+        returns (cfg.normalize_value); the rollout's values and returns are in reward units and get standardised.
+        """
         cfg = self.cfg
         buffer_size = len(batch)  # recorded before the buffer is released for the next round
         advantages = batch.advantages
         if cfg.norm_adv:
             mean, std = global_mean_std(advantages)
             advantages = (advantages - mean) / (std + 1e-8)
+        old_values, returns = batch.values, batch.returns
+        if value_stats is not None:
+            v_mean, v_std = value_stats
+            old_values, returns = (old_values - v_mean) / v_std, (returns - v_mean) / v_std
         minibatch_size = buffer_size // cfg.num_minibatches
 
         # Each epoch gathers the round in its shuffled order once, so that mini-batches are contiguous slices
         # (views) instead of six index ops each; the samples of each mini-batch are the same either way.
         # The advantages are negated once here rather than twice in every mini-batch (-a * r is (-a) * r).
-        columns = (batch.obs, batch.actions, batch.logp, batch.values, -advantages, batch.returns)
+        columns = (batch.obs, batch.actions, batch.logp, old_values, -advantages, returns)
         shuffled = [torch.empty_like(c) for c in columns]
         losses: list[torch.Tensor] = []  # [pg, v, entropy] of each mini-batch
         log_ratios: list[torch.Tensor] = []  # kept for approx_kl and clipfrac, computed once after the epochs
@@ -114,10 +154,7 @@ class Learner:
                 losses.append(step_losses)
                 log_ratios.append(log_ratio)
             epochs_done += 1
-            if (
-                cfg.target_kl is not None
-                and _approx_kl(torch.stack(log_ratios[-cfg.num_minibatches :])).item() > cfg.target_kl
-            ):
+            if cfg.target_kl is not None and self._epoch_kl(log_ratios[-cfg.num_minibatches :]) > cfg.target_kl:
                 break
 
         log_ratio = torch.stack(log_ratios)
@@ -167,10 +204,20 @@ class Learner:
 
         self.flat_grads.zero_()
         loss.backward()
+        if self.sync_gradients:
+            self.rank_mean(self.flat_grads)  # one all_reduce: every rank then clips and steps the same gradient
         grad_norm = torch.linalg.vector_norm(self.flat_grads)  # clip_grad_norm_ of all parameters, in two ops
         self.flat_grads.mul_((cfg.max_grad_norm / (grad_norm + 1e-6)).clamp(max=1.0))
         self.optimizer.step()
         return torch.stack([pg_loss, v_loss, entropy]).detach(), log_ratio.detach()
+
+    def _epoch_kl(self, log_ratios: list[torch.Tensor]) -> float:
+        """The epoch's approximate KL for the early stop; averaged over ranks when they step together, so that
+        every rank stops after the same epoch (one that stopped alone would leave the others waiting)."""
+        kl = _approx_kl(torch.stack(log_ratios)).reshape(1)
+        if self.sync_gradients:
+            self.rank_mean(kl)
+        return kl.item()
 
 
 def _approx_kl(log_ratio: torch.Tensor) -> torch.Tensor:

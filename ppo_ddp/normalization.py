@@ -10,6 +10,7 @@ nothing here does that, and the tests check the count grows by exactly the new r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -100,6 +101,14 @@ def normalize_obs(obs: np.ndarray, state: Optional[Moments], clip: float) -> np.
         return np.asarray(obs, dtype=np.float32)
     out = (obs - state.mean) / np.sqrt(state.var + EPSILON)
     return np.clip(out, -clip, clip).astype(np.float32)
+
+
+def value_scale(return_state: Optional[Moments]) -> Optional[tuple[float, float]]:
+    """(mean, std) that standardise the returns for a critic learning normalised values (None: no statistics);
+    the learner divides targets by it, the actors multiply the critic's output back."""
+    if return_state is None:
+        return None
+    return float(return_state.mean), math.sqrt(float(return_state.var) + EPSILON)
 
 
 def scale_reward(reward: np.ndarray, return_state: Optional[Moments], clip: float) -> np.ndarray:

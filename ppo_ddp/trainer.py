@@ -14,6 +14,7 @@ rank meets the others there, so all stop, or fail, after the same round and none
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -36,9 +37,9 @@ from ppo_ddp.checkpointer import Checkpointer, RunState, elastic_restart, find_e
 from ppo_ddp.config import Config, ConfigError
 from ppo_ddp.debug import RoundRecorder
 from ppo_ddp.envs import make_env
-from ppo_ddp.learner import Learner, RolloutBatch, annealed_learning_rate, check_finite
+from ppo_ddp.learner import Learner, RolloutBatch, adapted_learning_rate, annealed_learning_rate, check_finite
 from ppo_ddp.model import ActorCritic, num_parameters
-from ppo_ddp.normalization import merge_rms_states, tensor_moments
+from ppo_ddp.normalization import merge_rms_states, tensor_moments, value_scale
 from ppo_ddp.run_log import RunLogger, format_duration, write_run_config
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
 
@@ -65,12 +66,13 @@ class Trainer:
             # Mini-batches of a small MLP are too small to split across cores: OpenMP's hand-offs cost more than
             # they save, and badly so when actors or other ranks hold the other cores (measured: 0.9 s with one
             # thread against 4-13 s with two for a default round's update on a busy 2-core machine). torchrun
-            # sets OMP_NUM_THREADS=1 for the same reason; `python train.py` gets the same.
-            torch.set_num_threads(1)
+            # sets OMP_NUM_THREADS=1 for the same reason. Large mini-batches gain from the cores the idle actors
+            # leave: cfg.learner_threads.
+            torch.set_num_threads(cfg.learner_threads)
         torch.manual_seed(cfg.seed)
         self.model = ActorCritic.from_config(cfg, obs_dim, act_dim).to(ctx.device)
         D.broadcast_parameters(ctx, self.model)
-        self.learner = Learner(cfg, self.model, ctx.device)
+        self.learner = Learner(cfg, self.model, ctx.device, functools.partial(D.average_, ctx))
         self.restart_count, self.elastic_id = elastic_restart()
         self.run_name = D.broadcast_object(ctx, self._run_name())
         self.run_dir = Path(cfg.runs_dir) / self.run_name
@@ -154,7 +156,7 @@ class Trainer:
 
     def _rounds(self, pool: ActorPool) -> int:
         """Train round after round; returns the signal that stopped the run, or 0 when every round ran."""
-        cfg, run, agree = self.cfg, self.run, self.agreement
+        run, agree = self.run, self.agreement
         first = run.iteration + (0 if self.seeding else 1)
         for iteration in range(first, self.num_iterations + 1):
             rollout = agree.own_work(self._collect, pool)  # 1-3: this rank's actors sample
@@ -169,19 +171,29 @@ class Trainer:
                 continue
             metrics = agree.own_work(self._update, rollout, adv_stats, iteration)  # 5: PPO on this rank's data
             agree.settle()  # a failed or non-finite update stops every rank before weights are averaged
-            if iteration % cfg.param_sync_interval == 0 or iteration == self.num_iterations:
-                D.average_parameters(self.ctx, self.learner.flat_params.detach())  # 6; the last round too
+            if self._averages_parameters(iteration):
+                D.average_(self.ctx, self.learner.flat_params.detach())  # 6
             self._record(iteration, metrics, frozen_obs_rms, adv_stats, rollout.reports)
             metrics, improved = self._gather_metrics(iteration, metrics, rollout)  # 7: averaged over ranks
             self._log_and_save(metrics, improved)  # 8: rank 0 logs; the checkpointer decides what to save
         return 0
 
     # ---- the steps of a round -------------------------------------------------------------------------------
+    def _averages_parameters(self, iteration: int) -> bool:
+        """Weight averaging after this round's update: every param_sync_interval rounds and the last one; never
+        when the ranks average gradients instead (their parameters are already identical)."""
+        if self.cfg.sync_mode == "gradients":
+            return False
+        return iteration % self.cfg.param_sync_interval == 0 or iteration == self.num_iterations
+
     def _collect(self, pool: ActorPool) -> Rollout:
         cfg, run = self.cfg, self.run
         start = time.time()
         reports = pool.collect(
-            self.model, run.obs_rms if cfg.normalize_obs else None, run.ret_rms if cfg.normalize_reward else None
+            self.model,
+            run.obs_rms if cfg.normalize_obs else None,
+            run.ret_rms if cfg.normalize_reward else None,
+            run.value_rms if cfg.normalize_value else None,
         )
         seconds = time.time() - start
         return Rollout(reports, RolloutBatch.from_buffers(pool.buffers, self.ctx.device), seconds)
@@ -191,32 +203,40 @@ class Trainer:
         (mean, unbiased std) of all ranks' advantages for their normalisation, or None."""
         cfg, run = self.cfg, self.run
         # non-finite advantages are not checked here: the update that follows reports them, with round and rank
-        obs_inc, ret_inc, adv_moments = D.merge_moments_across_ranks(
+        obs_inc, ret_inc, value_inc, adv_moments = D.merge_moments_across_ranks(
             self.ctx,
             [
                 merge_rms_states(r.obs_moments for r in rollout.reports) if cfg.normalize_obs else None,
                 merge_rms_states(r.return_moments for r in rollout.reports) if cfg.normalize_reward else None,
+                tensor_moments(rollout.batch.returns) if cfg.normalize_value else None,
                 tensor_moments(rollout.batch.advantages) if cfg.norm_adv else None,
             ],
-            [self.obs_shape, (), ()],
+            [self.obs_shape, (), (), ()],
         )
         if cfg.normalize_obs:
             run.obs_rms = merge_rms_states([run.obs_rms, obs_inc])
         if cfg.normalize_reward:
             run.ret_rms = merge_rms_states([run.ret_rms, ret_inc])
+        if cfg.normalize_value:  # the critic of this round's update learns returns standardised with these
+            run.value_rms = merge_rms_states([run.value_rms, value_inc])
         if adv_moments is None:
             return None
         n = adv_moments.count
         return float(adv_moments.mean), math.sqrt(float(adv_moments.var) * n / max(n - 1, 1))
 
     def _update(self, rollout: Rollout, adv_stats: Optional[tuple[float, float]], iteration: int) -> dict[str, float]:
-        """PPO on this rank's rollout, the advantages normalised with the statistics of all ranks."""
-        if self.cfg.anneal_lr:
+        """PPO on this rank's rollout, the advantages (and value targets) normalised with the statistics of all
+        ranks, at the rate of the schedule."""
+        cfg, run = self.cfg, self.run
+        if cfg.anneal_lr:
             self.learner.set_learning_rate(
-                annealed_learning_rate(self.cfg.learning_rate, self.run.global_step, self.cfg.total_timesteps)
+                annealed_learning_rate(cfg.learning_rate, run.global_step, cfg.total_timesteps)
             )
+        elif cfg.adaptive_lr and run.learning_rate is not None:
+            self.learner.set_learning_rate(run.learning_rate)
         start = time.time()
-        metrics = self.learner.train_step(rollout.batch, lambda adv: adv_stats)
+        value_stats = value_scale(run.value_rms) if cfg.normalize_value else None
+        metrics = self.learner.train_step(rollout.batch, lambda adv: adv_stats, value_stats)
         check_finite(self.model, metrics, self.ctx.rank, iteration)
         metrics.update({"charts/rollout_seconds": rollout.seconds, "charts/train_seconds": time.time() - start})
         return metrics
@@ -234,6 +254,9 @@ class Trainer:
         )
         improved = run.add_episodes([ret for ret, _ in episodes])
         run.iteration, run.global_step = iteration, run.global_step + self.steps_per_round
+        if self.cfg.adaptive_lr:  # the next round's rate, from the KL averaged over ranks: the same on every rank
+            rate = self.learner.optimizer.param_groups[0]["lr"]
+            run.learning_rate = adapted_learning_rate(rate, metrics["losses/approx_kl"], self.cfg.lr_kl_target)
         run.noise_states = [torch.from_numpy(r.noise_state) for r in rollout.reports]  # tensors: weights_only
         elapsed = time.time() - self.start_time  # since this process started training; benchmarks read it
         metrics.update(
@@ -288,7 +311,11 @@ class Trainer:
         rewards. Its steps count in global_step; nothing is trained on it (re-normalising round 1's data
         instead is impossible: its bootstrap values came from unnormalised final observations)."""
         cfg, run = self.cfg, self.run
-        seeding = bool((cfg.normalize_obs and run.obs_rms is None) or (cfg.normalize_reward and run.ret_rms is None))
+        seeding = (
+            (cfg.normalize_obs and run.obs_rms is None)
+            or (cfg.normalize_reward and run.ret_rms is None)
+            or (cfg.normalize_value and run.value_rms is None)
+        )
         left = cfg.total_timesteps - run.global_step - (self.steps_per_round if seeding else 0)
         self.num_iterations = run.iteration + max(0, math.ceil(left / self.steps_per_round))
         self.seeding = seeding and self.num_iterations > run.iteration

@@ -29,12 +29,11 @@ if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can impor
 import scripted_env  # noqa: E402
 from helpers import process_alive  # noqa: E402
 
-from ppo_ddp.actor import PolicyKernel  # noqa: E402
 from ppo_ddp.actor_pool import ActorError, ActorPool  # noqa: E402
 from ppo_ddp.buffers import FLAG_SENTINEL, ROLLOUT_FIELDS, BufferSpec, SharedBuffers  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.envs import env_seed, make_env  # noqa: E402
-from ppo_ddp.model import ActorCritic  # noqa: E402
+from ppo_ddp.model import ActorCritic, PolicyKernel  # noqa: E402
 from ppo_ddp.normalization import (  # noqa: E402
     DiscountedReturn,
     Moments,

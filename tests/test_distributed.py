@@ -42,7 +42,7 @@ def _worker(rank: int, port: int, results) -> None:
             model = ActorCritic(5, 2)
             flat, _ = flatten_parameters_(model)  # as the learner holds them
             out["before"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
-            D.average_parameters(ctx, flat)
+            D.average_(ctx, flat)
             out["after"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
             # Each rank holds a disjoint chunk of data of a different size.
             rng = np.random.default_rng(rank)
@@ -97,7 +97,7 @@ def _run_workers() -> dict:
     return out
 
 
-def test_average_parameters_is_the_mean_and_bitwise_equal_on_all_ranks(results):
+def test_average_is_the_mean_and_bitwise_equal_on_all_ranks(results):
     r0, r1 = results[0], results[1]
     assert not torch.equal(r0["before"], r1["before"])
     assert torch.equal(r0["after"], r1["after"])

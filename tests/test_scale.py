@@ -1,0 +1,256 @@
+"""Scaling PPO: the adaptive learning rate, value normalisation, the gradient-sync mode and the large-batch presets.
+
+End-to-end runs use real torchrun (gloo) and MuJoCo envs on rounds of 128 steps, as tests/test_train.py does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from test_train import SMALL, TIMEOUT, read_csv, run
+
+from ppo_ddp.config import Config, parse_config
+from ppo_ddp.learner import ADAPTIVE_LR_BOUNDS, adapted_learning_rate
+from ppo_ddp.model import ActorCritic, PolicyKernel
+from ppo_ddp.normalization import EPSILON, Moments
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUNDS = 4
+STEPS = 128  # a round of SMALL on 2 ranks
+LR0 = Config().learning_rate
+
+
+# ---- the adaptive learning rate -------------------------------------------------------------------------------
+def test_adaptive_rate_goes_down_above_the_band_and_up_below_it():
+    target = 0.01
+    assert adapted_learning_rate(3e-4, 2.01 * target, target) == pytest.approx(2e-4)
+    assert adapted_learning_rate(3e-4, 0.49 * target, target) == pytest.approx(4.5e-4)
+    for kl in (0.5 * target, target, 2.0 * target, math.nan):  # inside the band (edges included), or no update
+        assert adapted_learning_rate(3e-4, kl, target) == 3e-4
+    low, high = ADAPTIVE_LR_BOUNDS
+    assert adapted_learning_rate(low, 1.0, target) == low and adapted_learning_rate(high, 0.0, target) == high
+
+
+def test_adaptive_rate_needs_annealing_off():
+    with pytest.raises(SystemExit) as e:
+        parse_config(["--adaptive-lr"], check_env=False)
+    assert e.value.code == 2
+
+
+# ---- value normalisation --------------------------------------------------------------------------------------
+def test_the_actors_scale_a_normalised_critic_back_to_reward_units():
+    torch.manual_seed(0)
+    model = ActorCritic(5, 2, (16, 16))
+    obs = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
+    stats = Moments(np.array(3.0), np.array(4.0), 10.0)
+    kernel = PolicyKernel(model, "tanh")
+    kernel.load(model, stats)
+    _, value = kernel(obs)
+    expected = model.value(torch.from_numpy(obs)).detach().numpy() * math.sqrt(4.0 + EPSILON) + 3.0
+    np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
+
+
+# ---- 2 ranks, gradients averaged, value normalisation and the adaptive rate -----------------------------------
+def torchrun(tmp_path: Path, name: str, total: int, *extra: str) -> subprocess.CompletedProcess:
+    return run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            *SMALL,
+            "--total-timesteps",
+            str(total),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--run-name",
+            name,
+            "--sync-mode",
+            "gradients",
+            "--normalize-value",
+            "--adaptive-lr",
+            "--no-anneal-lr",
+            "--lr-kl-target",
+            "1e-7",  # every round's KL is far above it: the rate goes down after every round
+            "--target-kl",
+            "1e-5",  # and every update stops early, after an epoch all ranks agree on
+            *extra,
+        ],
+        tmp_path,
+    )
+
+
+@pytest.fixture(scope="module")
+def synced_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("synced")
+    proc = torchrun(tmp_path, "t", (ROUNDS + 1) * STEPS)
+    return tmp_path, proc
+
+
+def dump(tmp_path: Path, rank: int, iteration: int) -> dict:
+    return torch.load(tmp_path / "debug" / f"rank{rank}_iter{iteration}.pt", weights_only=True)
+
+
+def test_gradient_sync_keeps_the_ranks_bitwise_identical_after_every_round(synced_run):
+    tmp_path, _ = synced_run
+    start = dump(tmp_path, 0, 0)["params"]
+    for i in range(1, ROUNDS + 1):
+        a, b = dump(tmp_path, 0, i), dump(tmp_path, 1, i)
+        assert torch.equal(a["params"], b["params"]), i
+        assert a["metrics"]["losses/epochs"] == b["metrics"]["losses/epochs"]  # the early stop agreed
+        # each rank trained on its own data, yet they moved together
+        assert a["metrics"]["losses/policy_loss"] != b["metrics"]["losses/policy_loss"]
+    assert not torch.equal(dump(tmp_path, 0, ROUNDS)["params"], start)
+
+
+def test_value_statistics_are_the_moments_of_every_rank_s_returns(synced_run):
+    tmp_path, _ = synced_run
+    seen = []
+    for i in range(0, ROUNDS + 1):
+        a, b = dump(tmp_path, 0, i), dump(tmp_path, 1, i)
+        seen += [a["returns"].reshape(-1).double(), b["returns"].reshape(-1).double()]
+        everything = torch.cat(seen)
+        for key in ("mean", "var", "count"):
+            assert a["value_rms"][key] == b["value_rms"][key]
+        assert a["value_rms"]["count"] == everything.numel() == (i + 1) * STEPS
+        assert float(a["value_rms"]["mean"]) == pytest.approx(everything.mean().item(), rel=1e-9)
+        assert float(a["value_rms"]["var"]) == pytest.approx(everything.var(unbiased=False).item(), rel=1e-9)
+    saved = torch.load(tmp_path / "runs" / "t" / "model_t.pt", weights_only=True)
+    for key in ("mean", "var", "count"):
+        assert saved["value_rms_state"][key] == dump(tmp_path, 0, ROUNDS)["value_rms"][key]
+
+
+def test_adaptive_rate_is_the_same_on_every_rank_and_follows_the_averaged_kl(synced_run):
+    tmp_path, _ = synced_run
+    rows = read_csv(tmp_path / "runs" / "t" / "metrics.csv")
+    rates = [float(r["charts/learning_rate"]) for r in rows]
+    assert rates == pytest.approx([LR0 / 1.5**k for k in range(ROUNDS)], rel=1e-12)
+    for i, row in enumerate(rows, start=1):
+        assert (
+            dump(tmp_path, 0, i)["learning_rate"]
+            == dump(tmp_path, 1, i)["learning_rate"]
+            == float(row["charts/learning_rate"])
+        )
+        assert float(row["losses/approx_kl"]) > 2e-7
+    saved = torch.load(tmp_path / "runs" / "t" / "model_t.pt", weights_only=True)
+    assert saved["learning_rate"] == pytest.approx(LR0 / 1.5**ROUNDS, rel=1e-12)  # the next round's rate
+
+
+def test_adaptive_rate_and_value_statistics_come_back_on_resume(synced_run):
+    tmp_path, _ = synced_run
+    saved = torch.load(tmp_path / "runs" / "t" / "model_t.pt", weights_only=True)
+    torchrun(tmp_path, "t", (ROUNDS + 3) * STEPS, "--resume", "auto")
+    rows = read_csv(tmp_path / "runs" / "t" / "metrics.csv")
+    assert [int(r["iteration"]) for r in rows] == list(range(1, ROUNDS + 3))
+    assert float(rows[ROUNDS]["charts/learning_rate"]) == saved["learning_rate"]  # exactly the saved rate
+    resumed = dump(tmp_path, 0, ROUNDS + 1)
+    assert resumed["value_rms"]["count"] == saved["value_rms_state"]["count"] + STEPS  # merged once more, not reset
+
+
+def test_evaluate_does_not_need_the_value_statistics(synced_run, tmp_path):
+    source, _ = synced_run
+    state = torch.load(source / "runs" / "t" / "model_t.pt", weights_only=True)
+    del state["value_rms_state"]
+    path = tmp_path / "policy.pt"
+    torch.save(state, path)
+    out = run([sys.executable, "-m", "ppo_ddp.evaluate", str(path), "--episodes", "1"], tmp_path, debug=False)
+    assert "Hopper-v5" in out.stdout
+
+
+# ---- one learner with mini-batches of 2m is two gradient-synced learners with m each ---------------------------
+EQUIVALENCE = textwrap.dedent(
+    """
+    import functools, sys
+    import torch
+    from ppo_ddp import distributed as D
+    from ppo_ddp.config import Config
+    from ppo_ddp.learner import Learner, RolloutBatch
+    from ppo_ddp.model import ActorCritic
+
+    out, world = sys.argv[1], int(sys.argv[2])
+    B, OBS, ACT = 256, 6, 3
+    cfg = Config(update_epochs=3, num_minibatches=1, sync_mode="gradients", clip_vloss=True, normalize_value=True)
+    g = torch.Generator().manual_seed(7)
+    data = RolloutBatch(
+        obs=torch.randn(B, OBS, generator=g), actions=torch.randn(B, ACT, generator=g),
+        logp=torch.randn(B, generator=g) - 3.0, values=torch.randn(B, generator=g) * 5 + 2,
+        advantages=torch.randn(B, generator=g), returns=torch.randn(B, generator=g) * 5 + 2,
+    )
+    adv_stats = (float(data.advantages.mean()), float(data.advantages.std()))
+    value_stats = (float(data.returns.mean()), float(data.returns.std()))
+    with D.process_group() as ctx:
+        mine = slice(ctx.rank * B // world, (ctx.rank + 1) * B // world)
+        batch = RolloutBatch(*(getattr(data, f)[mine] for f in ("obs", "actions", "logp", "values", "advantages",
+                                                                  "returns")))
+        torch.manual_seed(0)
+        model = ActorCritic(OBS, ACT, (32, 32))
+        learner = Learner(cfg, model, ctx.device, functools.partial(D.average_, ctx))
+        learner.train_step(batch, lambda adv: adv_stats, value_stats)
+        if ctx.rank == 0:
+            torch.save(learner.flat_params.detach().clone(), out)
+    """
+)
+
+
+def test_two_ranks_with_m_samples_step_as_one_learner_with_2m(tmp_path):
+    script = tmp_path / "equivalence.py"
+    script.write_text(EQUIVALENCE)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    one = [sys.executable, str(script), str(tmp_path / "one.pt"), "1"]
+    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    two += [str(tmp_path / "two.pt"), "2"]
+    for cmd in (one, two):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    torch.manual_seed(0)
+    start = torch.cat([p.detach().reshape(-1) for p in ActorCritic(6, 3, (32, 32)).parameters()])
+    assert not torch.allclose(a, start)  # three Adam steps moved it
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ---- the presets ------------------------------------------------------------------------------------------------
+PRESETS = sorted((ROOT / "configs" / "scale").glob("*.yaml"))
+
+
+def test_there_are_large_batch_presets():
+    assert {p.stem for p in PRESETS} >= {"humanoid", "ant"}
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_a_preset_loads_and_runs_two_rounds(preset, tmp_path):
+    cfg = parse_config(["--config", str(preset)])
+    assert cfg.total_timesteps >= 10_000_000 and cfg.normalize_value and cfg.adaptive_lr
+    actors = cfg.actors_per_gpu or 2
+    per_round = actors * cfg.envs_per_actor * cfg.rollout_length
+    run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            str(preset),
+            "--total-timesteps",
+            str(3 * per_round),  # round 0 seeds the statistics, then two rounds train
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "p",
+        ],
+        tmp_path,
+        debug=False,
+    )
+    rows = read_csv(tmp_path / "runs" / "p" / "metrics.csv")
+    assert [int(r["global_step"]) for r in rows] == [2 * per_round, 3 * per_round]
+    assert all(math.isfinite(float(r["losses/value_loss"])) for r in rows)
+    assert yaml.safe_load((tmp_path / "runs" / "p" / "config.yaml").read_text())["config"]["normalize_value"] is True
