@@ -1,13 +1,18 @@
-"""Learning benchmark: train env × seed × world size with the presets, evaluate each final policy.
+"""Learning benchmark: train env × seed × world size × sync mode with the presets, evaluate each final policy.
 
-    python scripts/benchmark_returns.py --envs hopper walker2d --seeds 1 2 3 --total-timesteps 1000000
-    python scripts/benchmark_returns.py --envs halfcheetah hopper --seeds 1 --world-sizes 2
+    python scripts/benchmark_returns.py --envs hopper walker2d --seeds 1 2 3
+    python scripts/benchmark_returns.py --envs halfcheetah hopper --world-sizes 2 4 --sync-modes params gradients
+    python scripts/benchmark_returns.py --scale --envs humanoid ant --seeds 1 2      # 10M steps, configs/scale/
 
-Each run is `python train.py --config configs/<env>.yaml` (or `torchrun --standalone --nproc_per_node=W`
-for world size W > 1) with the total steps unchanged. Its final checkpoint is evaluated through
-ppo_ddp.evaluate: deterministic, 10 episodes. Rows go to docs/benchmarks/returns.csv (a row per run,
-replacing an earlier row of the same env/seed/world size, so a matrix can be run in pieces); the table
-docs/benchmarks/returns.md and the learning curves docs/benchmarks/returns.png are rebuilt from all rows.
+Each run is `python train.py --config configs/<env>.yaml` (configs/scale/<env>.yaml with --scale; or
+`torchrun --standalone --nproc_per_node=W` for world size W > 1) with the preset's total steps unless
+--total-timesteps says otherwise, and `--resume auto`: a run stopped by SIGTERM (kill the script's process
+group: `kill -TERM -PGID`) continues where it stopped when the same command is run again. Its final checkpoint
+is evaluated through ppo_ddp.evaluate: deterministic, 10 episodes. Rows go to docs/benchmarks/returns.csv (a row
+per run, replacing an earlier row of the same env/seed/world size/preset/sync mode, so a matrix can be run in
+pieces); wall_seconds is the training time summed over the run's sessions (start-up excluded). The tables in
+docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the scale presets;
+world_sizes.png: world sizes and sync modes) are rebuilt from all rows.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ PRESETS = {
     "humanoid": ("Humanoid-v5", "configs/humanoid.yaml"),
 }
 
+# Published numbers at 10M env steps (issue 13): Sample Factory APPO, rl_games PPO (training return).
+REFERENCE_10M = {"Humanoid-v5": ("5439 ± 1314", "~9700", ">= 5000"), "Ant-v5": ("5876 ± 167", "—", ">= 5000")}
+
 # Published PPO numbers at 1M env steps (see issue 5 / docs/tuning.md for what each column measures).
 REFERENCE = {
     "HalfCheetah-v5": ("1442 ± 46", "5819 ± 664", "5784 ± 1244", ">= 3000"),
@@ -64,30 +72,48 @@ FIELDS = [
     "config",
     "extra_args",
     "commit",
+    "sync_mode",
 ]
 
 
-def run_name(env: str, seed: int, world_size: int) -> str:
-    return f"bench_{env}_s{seed}_w{world_size}"
+def preset_path(env_key: str, scale: bool) -> str:
+    return f"configs/scale/{env_key}.yaml" if scale else PRESETS[env_key][1]
 
 
-def train(env_key: str, seed: int, world_size: int, total: int, runs_dir: Path, extra: list[str]) -> tuple[Path, float]:
-    env_id, preset = PRESETS[env_key]
-    name = run_name(env_key, seed, world_size)
-    args = [
-        "train.py",
-        "--config",
-        preset,
-        "--seed",
-        str(seed),
-        "--total-timesteps",
-        str(total),
-        "--runs-dir",
-        str(runs_dir),
-        "--run-name",
-        name,
-        *extra,
-    ]
+def row_key(row: dict) -> tuple[str, str, str, str, str, str]:
+    """What a row is a run of: env, seed, world size, preset, sync mode (rows written before sync modes existed are
+    of "params") and the extra train.py flags."""
+    sync = row.get("sync_mode") or "params"
+    return (row["env"], str(row["seed"]), str(row["world_size"]), row["config"], sync, row["extra_args"])
+
+
+def run_name(env: str, seed: int, world_size: int, scale: bool = False, sync_mode: str = "params") -> str:
+    return f"bench_{env}{'_scale' if scale else ''}_s{seed}_w{world_size}{'_grad' if sync_mode == 'gradients' else ''}"
+
+
+def training_seconds(metrics_csv: Path) -> float:
+    """Training time over every session of a run: charts/elapsed_seconds restarts at each resume."""
+    with open(metrics_csv, newline="") as f:
+        elapsed = [float(r["charts/elapsed_seconds"]) for r in csv.DictReader(f)]
+    ends = [a for a, b in zip(elapsed, elapsed[1:]) if b < a] + elapsed[-1:]
+    return sum(ends)
+
+
+def train(
+    env_key: str,
+    seed: int,
+    world_size: int,
+    total: int | None,
+    runs_dir: Path,
+    extra: list[str],
+    scale: bool,
+    sync: str,
+) -> Path:
+    name = run_name(env_key, seed, world_size, scale, sync)
+    args = ["train.py", "--config", preset_path(env_key, scale), "--seed", str(seed), "--runs-dir", str(runs_dir)]
+    args += ["--run-name", name, "--resume", "auto", "--sync-mode", sync, *extra]
+    if total is not None:
+        args += ["--total-timesteps", str(total)]
     launcher = (
         [sys.executable]
         if world_size == 1
@@ -97,13 +123,11 @@ def train(env_key: str, seed: int, world_size: int, total: int, runs_dir: Path, 
     print(f"[{time.strftime('%H:%M:%S')}] {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     log = runs_dir / f"{name}.log"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    with open(log, "w") as f:
+    with open(log, "a") as f:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    wall = time.time() - start
     if proc.returncode != 0:
         raise SystemExit(f"training failed (exit {proc.returncode}); log: {log}\n{log.read_text()[-2000:]}")
-    return runs_dir / name, wall
+    return runs_dir / name
 
 
 def last_fraction_return(metrics_csv: Path, fraction: float = 0.1) -> float:
@@ -125,12 +149,12 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 def write_rows(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = sorted(rows, key=lambda r: (r["env"], int(r["world_size"]), int(r["seed"])))
+    rows = sorted(rows, key=lambda r: (r["env"], r["config"], int(r["world_size"]), row_key(r)[4:], int(r["seed"])))
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # replaced in one step: a concurrent reader sees old or new
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({**r, "sync_mode": row_key(r)[4]} for r in rows)
     os.replace(tmp, path)
 
 
@@ -141,29 +165,113 @@ def mean_std(values: list[float]) -> str:
     return f"{values[0]:.0f}" if len(values) == 1 else f"{np.mean(values):.0f} ± {np.std(values):.0f}"
 
 
+def is_scale(row: dict[str, str]) -> bool:
+    return row["config"].startswith("configs/scale/")
+
+
+def _cell(rows: list[dict[str, str]], full_steps: int) -> str:
+    vals = [float(r["eval_mean"]) for r in rows]
+    steps = {int(r["total_steps"]) for r in rows}
+    note = f" ({len(vals)})" if vals else ""
+    if steps and max(steps) < full_steps:
+        note += f" at {max(steps):,} steps"
+    return mean_std(vals) + note
+
+
 def write_table(path: Path, rows: list[dict[str, str]]) -> None:
+    small = [r for r in rows if not is_scale(r)]
     lines = [
-        "# PPO returns at 1M env steps",
+        "# PPO returns",
         "",
-        "Ours: deterministic evaluation (10 episodes) of the final policy, mean ± std over seeds; "
-        "rows from `returns.csv`, written by `scripts/benchmark_returns.py`.",
+        "Ours: deterministic evaluation (10 episodes) of the final policy, mean ± std over seeds (their number in "
+        "brackets); rows from `returns.csv`, written by `scripts/benchmark_returns.py`.",
+        "",
+        "## 1M env steps, the presets in configs/",
         "",
         "| env | CleanRL ppo_continuous_action (v4, last training episodes) | SB3 rl-zoo tuned PPO (v3, deterministic eval) "  # noqa: E501
         "| Tianshou PPO (v3, 10 seeds, max average return) | target | ppo_ddp, 1 learner (seeds) | ppo_ddp, 2 learners (seeds) |",  # noqa: E501
         "|---|---|---|---|---|---|---|",
     ]
     for env_id, refs in REFERENCE.items():
-        ours = []
-        for world in (1, 2):
-            vals = [float(r["eval_mean"]) for r in rows if r["env"] == env_id and int(r["world_size"]) == world]
-            steps = {int(r["total_steps"]) for r in rows if r["env"] == env_id and int(r["world_size"]) == world}
-            note = f" ({len(vals)})" if vals else ""
-            if steps and max(steps) < 1_000_000:
-                note += f" at {max(steps):,} steps"
-            ours.append(mean_std(vals) + note)
+        ours = [
+            _cell([r for r in small if r["env"] == env_id and row_key(r)[2:] == (str(w), r["config"], "params")], 10**6)
+            for w in (1, 2)
+        ]
         lines.append(f"| {env_id} | {' | '.join(refs)} | {' | '.join(ours)} |")
     lines += ["", "![learning curves](returns.png)", ""]
+    lines += _world_size_table(small)
+    lines += _scale_table([r for r in rows if is_scale(r)])
     path.write_text("\n".join(lines))
+
+
+def _world_size_table(rows: list[dict[str, str]]) -> list[str]:
+    """The 1M presets on 1, 2 and 4 ranks, both sync modes, each round shape run; the ratio to one learner."""
+    envs = sorted({r["env"] for r in rows if int(r["world_size"]) > 1})
+    if not envs:
+        return []
+    lines = [
+        "## World sizes and sync modes, 1M env steps",
+        "",
+        "`torchrun --standalone --nproc_per_node=W` (gloo, CPU) on the same preset and total steps. With the preset's "
+        "own shape each rank has its actors, so a round holds W times the samples; the flags in the third column "
+        "divide a rank's round by W instead, so that the round (2048 samples) and the mini-batch (64 samples over "
+        "all ranks) are one learner's. Ratio: to one learner's mean (target >= 0.9).",
+        "",
+        "| env | ranks, sync | flags | ppo_ddp (seeds) | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for env_id in envs:
+        mine = [r for r in rows if r["env"] == env_id]
+        base = [float(r["eval_mean"]) for r in mine if int(r["world_size"]) == 1]
+        shapes = sorted({(int(r["world_size"]), row_key(r)[4], r["extra_args"]) for r in mine})
+        for world, mode, flags in shapes:
+            got = [r for r in mine if (int(r["world_size"]), row_key(r)[4], r["extra_args"]) == (world, mode, flags)]
+            ratio = np.mean([float(r["eval_mean"]) for r in got]) / np.mean(base) if base else math.nan
+            lines.append(f"| {env_id} | {world}, {mode} | `{flags}` | {_cell(got, 10**6)} | {ratio:.2f} |")
+    return lines + ["", "![world sizes](world_sizes.png)", ""]
+
+
+def _scale_table(rows: list[dict[str, str]]) -> list[str]:
+    if not rows:
+        return []
+    lines = [
+        "## 10M env steps, the large-batch presets in configs/scale/",
+        "",
+        "Wall time and SPS on the 2-core CPU machine (training time summed over the sessions a run spanned; runs "
+        "that shared the machine are slower than a run alone).",
+        "",
+        "| env | ppo_ddp (seeds) | per seed: return, wall, SPS | Sample Factory APPO | rl_games PPO (training) | target |",  # noqa: E501
+        "|---|---|---|---|---|---|",
+    ]
+    for env_id in sorted({r["env"] for r in rows}):
+        mine = [r for r in rows if r["env"] == env_id and int(r["world_size"]) == 1]
+        per_seed = "; ".join(
+            f"s{r['seed']}: {float(r['eval_mean']):.0f}, {float(r['wall_seconds']) / 3600:.1f} h, "
+            f"{int(r['total_steps']) / float(r['wall_seconds']):,.0f}"
+            for r in mine
+        )
+        refs = REFERENCE_10M.get(env_id, ("—", "—", "—"))
+        lines.append(f"| {env_id} | {_cell(mine, 10**7)} | {per_seed} | {' | '.join(refs)} |")
+    return lines + ["", "![10M-step learning curves](returns_10m.png)", ""]
+
+
+def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
+    def curves(selected: list[tuple[str, dict[str, str]]]) -> list[tuple[str, Path]]:
+        return [(label, ROOT / r["curve"]) for label, r in selected if (ROOT / r["curve"]).exists()]
+
+    one = [(r["env"], r) for r in rows if not is_scale(r) and int(r["world_size"]) == 1]
+    plot_curves(curves(one), out_dir / "returns.png")
+    scale = [(r["env"], r) for r in rows if is_scale(r)]
+    if scale:
+        plot_curves(curves(scale), out_dir / "returns_10m.png")
+    envs = {r["env"] for r in rows if not is_scale(r) and int(r["world_size"]) > 1}
+    worlds = [
+        (f"{r['env']}, {r['world_size']} x {row_key(r)[4]} {r['extra_args']}".strip(), r)
+        for r in rows
+        if not is_scale(r) and r["env"] in envs
+    ]
+    if worlds:
+        plot_curves(curves(worlds), out_dir / "world_sizes.png")
 
 
 def main() -> None:
@@ -171,68 +279,80 @@ def main() -> None:
     p.add_argument("--envs", nargs="+", default=["halfcheetah", "hopper", "walker2d"], choices=sorted(PRESETS))
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--world-sizes", nargs="+", type=int, default=[1])
-    p.add_argument("--total-timesteps", type=int, default=1_000_000)
+    p.add_argument("--sync-modes", nargs="+", default=["params"], choices=["params", "gradients"])
+    p.add_argument("--scale", action="store_true", help="the large-batch presets of configs/scale/")
+    p.add_argument("--total-timesteps", type=int, default=None, help="default: the preset's")
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "benchmark")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "benchmarks")
     p.add_argument("--train-args", default="", help="extra flags for train.py, e.g. '--envs-per-actor 4'")
     p.add_argument("--skip-existing", action="store_true", help="skip runs that already have a row in the CSV")
     args = p.parse_args()
+    missing = [e for e in args.envs if args.scale and not (ROOT / preset_path(e, True)).exists()]
+    if missing:
+        p.error(f"--scale: no configs/scale/ preset for {', '.join(missing)}")
 
     csv_path = args.out_dir / "returns.csv"
-    rows = read_rows(csv_path)
     # the code that produced a row (same seed and config reproduce it exactly on the same code)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     extra = shlex.split(args.train_args)
     for env_key in args.envs:
-        env_id, preset = PRESETS[env_key]
+        env_id, preset = PRESETS[env_key][0], preset_path(env_key, args.scale)
         for world in args.world_sizes:
-            for seed in args.seeds:
-                key = (env_id, str(seed), str(world))
-                if args.skip_existing and any((r["env"], r["seed"], r["world_size"]) == key for r in rows):
+            for sync in args.sync_modes:
+                if world == 1 and sync == "gradients":  # one rank: the two modes are the same computation
                     continue
-                run_dir, wall = train(env_key, seed, world, args.total_timesteps, args.runs_dir, extra)
-                model, obs_rms, cfg = load_policy(run_dir / f"model_{run_dir.name}.pt")
-                returns = evaluate_policy(model, obs_rms, cfg, args.eval_episodes, deterministic=True)
-                # the curve travels with the results (runs/ is not committed), so the plot can be rebuilt
-                metrics_csv = args.out_dir / "curves" / f"{run_dir.name}.csv"
-                metrics_csv.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(run_dir / "metrics.csv", metrics_csv)
-                with open(metrics_csv, newline="") as f:
-                    total_steps = max(int(r["global_step"]) for r in csv.DictReader(f))
-                row = {
-                    "env": env_id,
-                    "seed": seed,
-                    "world_size": world,
-                    "total_steps": total_steps,
-                    "wall_seconds": round(wall, 1),
-                    "eval_mean": round(float(np.mean(returns)), 1),
-                    "eval_std": round(float(np.std(returns)), 1),
-                    "eval_episodes": len(returns),
-                    "train_return_last10pct": round(last_fraction_return(metrics_csv), 1),
-                    "curve": os.path.relpath(metrics_csv, ROOT),
-                    "config": preset,
-                    "extra_args": args.train_args,
-                    "commit": commit,
-                }
-                print(
-                    f"  {env_id} seed {seed} world {world}: eval {row['eval_mean']} ± {row['eval_std']}, "
-                    f"train(last 10%) {row['train_return_last10pct']}, {wall / 60:.1f} min",
-                    flush=True,
-                )
-                # re-read: another benchmark_returns.py may have added rows to the same CSV meanwhile
-                rows = [r for r in read_rows(csv_path) if (r["env"], str(r["seed"]), str(r["world_size"])) != key] + [
-                    row
-                ]
-                write_rows(csv_path, rows)
-                write_table(args.out_dir / "returns.md", rows)
+                for seed in args.seeds:
+                    key = (env_id, str(seed), str(world), preset, sync, args.train_args)
+                    if args.skip_existing and any(row_key(r) == key for r in read_rows(csv_path)):
+                        continue
+                    run_dir = train(env_key, seed, world, args.total_timesteps, args.runs_dir, extra, args.scale, sync)
+                    record(run_dir, key, args, commit, csv_path)
     rows = read_rows(csv_path)
     write_table(args.out_dir / "returns.md", rows)
-    runs = [(r["env"], ROOT / r["curve"]) for r in rows if int(r["world_size"]) == 1]
-    plot_curves([(env, path) for env, path in runs if path.exists()], args.out_dir / "returns.png")
-    print(f"wrote {csv_path}, {args.out_dir / 'returns.md'}, {args.out_dir / 'returns.png'}")
+    plot_all(rows, args.out_dir)
+    print(f"wrote {csv_path}, {args.out_dir / 'returns.md'} and the figures in {args.out_dir}")
+
+
+def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit: str, csv_path: Path) -> None:
+    """Evaluate the run's final policy and put its row in the CSV (replacing the run's earlier row)."""
+    env_id, seed, world, preset, sync, _ = key
+    model, obs_rms, cfg = load_policy(run_dir / f"model_{run_dir.name}.pt")
+    returns = evaluate_policy(model, obs_rms, cfg, args.eval_episodes, deterministic=True)
+    # the curve travels with the results (runs/ is not committed), so the plot can be rebuilt
+    metrics_csv = args.out_dir / "curves" / f"{run_dir.name}.csv"
+    metrics_csv.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run_dir / "metrics.csv", metrics_csv)
+    with open(metrics_csv, newline="") as f:
+        total_steps = max(int(r["global_step"]) for r in csv.DictReader(f))
+    wall = training_seconds(metrics_csv)
+    row = {
+        "env": env_id,
+        "seed": seed,
+        "world_size": world,
+        "total_steps": total_steps,
+        "wall_seconds": round(wall, 1),
+        "eval_mean": round(float(np.mean(returns)), 1),
+        "eval_std": round(float(np.std(returns)), 1),
+        "eval_episodes": len(returns),
+        "train_return_last10pct": round(last_fraction_return(metrics_csv), 1),
+        "curve": os.path.relpath(metrics_csv, ROOT),
+        "config": preset,
+        "extra_args": args.train_args,
+        "commit": commit,
+        "sync_mode": sync,
+    }
+    print(
+        f"  {env_id} seed {seed} world {world} {sync}: eval {row['eval_mean']} ± {row['eval_std']}, "
+        f"train(last 10%) {row['train_return_last10pct']}, {wall / 60:.1f} min",
+        flush=True,
+    )
+    # re-read: another benchmark_returns.py may have added rows to the same CSV meanwhile
+    rows = [r for r in read_rows(csv_path) if row_key(r) != key] + [row]
+    write_rows(csv_path, rows)
+    write_table(args.out_dir / "returns.md", rows)
 
 
 if __name__ == "__main__":

@@ -113,8 +113,12 @@ def run_all(tree: Path, only: list[str]) -> None:
             stop_and_resume(tree, [*launcher, *train_flags(f"{base}_stop", world, extra)], f"{base}_stop")
 
 
-def differences(a: Any, b: Any, where: str) -> list[str]:
-    """Where two nested checkpoint values differ: tensors bit for bit (dtype and shape too), the rest by ==."""
+def differences(a: Any, b: Any, where: str, added: list[str]) -> list[str]:
+    """Where two nested checkpoint values differ: tensors bit for bit (dtype and shape too), the rest by ==.
+
+    A key only this checkout's checkpoint has (a new config field, a new state at its default) goes into
+    `added`, not into the differences: a feature that is off computes the same numbers; a key that is gone is
+    a difference."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         same = (
             isinstance(a, torch.Tensor)
@@ -125,17 +129,20 @@ def differences(a: Any, b: Any, where: str) -> list[str]:
         )
         return [] if same else [where]
     if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{where}.{k}: only in one" for k in set(a) ^ set(b)]
+        out = [f"{where}.{k}: only in the base" for k in sorted(set(a) - set(b), key=str)]
+        added += [f"{where}.{k}" for k in sorted(set(b) - set(a), key=str)]
         for k in sorted(set(a) & set(b), key=str):
-            out += differences(a[k], b[k], f"{where}.{k}")
+            out += differences(a[k], b[k], f"{where}.{k}", added)
         return out
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]", added)]
     return [] if a == b or (a != a and b != b) else [where]  # a != a: NaN equals NaN here
 
 
-def compare(base: Path, mine: Path, name: str) -> list[str]:
-    problems = []
+def compare(base: Path, mine: Path, name: str) -> tuple[list[str], list[str]]:
+    """(differences, keys only this checkout's checkpoints have)."""
+    problems: list[str] = []
+    added: list[str] = []
     rows = []
     for tree in (base, mine):
         with open(tree / RUNS / name / "metrics.csv", newline="") as f:
@@ -146,8 +153,8 @@ def compare(base: Path, mine: Path, name: str) -> list[str]:
     for suffix in ("", "_best"):
         files = [tree / RUNS / name / f"model_{name}{suffix}.pt" for tree in (base, mine)]
         a, b = (torch.load(f, map_location="cpu", weights_only=True) for f in files)
-        problems += [f"{files[1].name}: {d}" for d in differences(a, b, "checkpoint")]
-    return problems
+        problems += [f"{files[1].name}: {d}" for d in differences(a, b, "checkpoint", added)]
+    return problems, sorted(set(added))
 
 
 def main() -> None:
@@ -174,7 +181,7 @@ def main() -> None:
                 run_all(tree, args.only)
             failed = False
             for name in args.only:
-                problems = compare(base, ROOT, name)
+                problems, added = compare(base, ROOT, name)
                 failed = failed or bool(problems)
                 print(
                     f"{name}: "
@@ -182,7 +189,8 @@ def main() -> None:
                         "the same, bit for bit (metrics.csv without timings; latest and best checkpoints)"
                         if not problems
                         else "DIFFERENT: " + "; ".join(problems[:10])
-                    ),
+                    )
+                    + (f" (new keys in this checkout's checkpoints: {', '.join(added)})" if added else ""),
                     flush=True,
                 )
         finally:

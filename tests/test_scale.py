@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from test_train import SMALL, TIMEOUT, read_csv, run
+from test_train import ROUNDS, TIMEOUT, read_csv, run, torchrun
 
 from ppo_ddp.config import Config, parse_config
 from ppo_ddp.learner import ADAPTIVE_LR_BOUNDS, adapted_learning_rate
@@ -24,7 +24,6 @@ from ppo_ddp.model import ActorCritic, PolicyKernel
 from ppo_ddp.normalization import EPSILON, Moments
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUNDS = 4
 STEPS = 128  # a round of SMALL on 2 ranks
 LR0 = Config().learning_rate
 
@@ -40,10 +39,21 @@ def test_adaptive_rate_goes_down_above_the_band_and_up_below_it():
     assert adapted_learning_rate(low, 1.0, target) == low and adapted_learning_rate(high, 0.0, target) == high
 
 
-def test_adaptive_rate_needs_annealing_off():
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--adaptive-lr"], "adaptive_lr=True: the rate follows the KL, so anneal_lr must be false (--no-anneal-lr)"),
+        (["--sync-mode", "gradients", "--param-sync-interval", "2"], "param_sync_interval=2: must be 1 with sync_mode"),
+        (["--lr-kl-target", "0"], "lr_kl_target=0.0: must be > 0"),
+        (["--learner-threads", "0"], "learner_threads=0: must be a positive integer"),
+    ],
+)
+def test_bad_scaling_flags_are_one_line_and_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        parse_config(["--adaptive-lr"], check_env=False)
+        parse_config(argv, check_env=False)
     assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 # ---- value normalisation --------------------------------------------------------------------------------------
@@ -60,41 +70,23 @@ def test_the_actors_scale_a_normalised_critic_back_to_reward_units():
 
 
 # ---- 2 ranks, gradients averaged, value normalisation and the adaptive rate -----------------------------------
-def torchrun(tmp_path: Path, name: str, total: int, *extra: str) -> subprocess.CompletedProcess:
-    return run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            *SMALL,
-            "--total-timesteps",
-            str(total),
-            "--runs-dir",
-            str(tmp_path / "runs"),
-            "--run-name",
-            name,
-            "--sync-mode",
-            "gradients",
-            "--normalize-value",
-            "--adaptive-lr",
-            "--no-anneal-lr",
-            "--lr-kl-target",
-            "1e-7",  # every round's KL is far above it: the rate goes down after every round
-            "--target-kl",
-            "1e-5",  # and every update stops early, after an epoch all ranks agree on
-            *extra,
-        ],
-        tmp_path,
-    )
+SYNCED = [
+    "--sync-mode",
+    "gradients",
+    "--normalize-value",
+    "--adaptive-lr",
+    "--no-anneal-lr",
+    "--lr-kl-target",
+    "1e-7",  # every round's KL is far above it: the rate goes down after every round
+    "--target-kl",
+    "1e-5",  # and every update stops early, after an epoch all ranks agree on
+]
 
 
 @pytest.fixture(scope="module")
 def synced_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("synced")
-    proc = torchrun(tmp_path, "t", (ROUNDS + 1) * STEPS)
+    proc = torchrun(tmp_path, *SYNCED)
     return tmp_path, proc
 
 
@@ -150,7 +142,7 @@ def test_adaptive_rate_is_the_same_on_every_rank_and_follows_the_averaged_kl(syn
 def test_adaptive_rate_and_value_statistics_come_back_on_resume(synced_run):
     tmp_path, _ = synced_run
     saved = torch.load(tmp_path / "runs" / "t" / "model_t.pt", weights_only=True)
-    torchrun(tmp_path, "t", (ROUNDS + 3) * STEPS, "--resume", "auto")
+    torchrun(tmp_path, *SYNCED, "--resume", "auto", rounds=ROUNDS + 2)
     rows = read_csv(tmp_path / "runs" / "t" / "metrics.csv")
     assert [int(r["iteration"]) for r in rows] == list(range(1, ROUNDS + 3))
     assert float(rows[ROUNDS]["charts/learning_rate"]) == saved["learning_rate"]  # exactly the saved rate

@@ -60,8 +60,8 @@ def run(args: list[str], tmp_path: Path, debug: bool = True) -> subprocess.Compl
     return proc
 
 
-def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    total = (ROUNDS + 1) * 128  # round 0 seeds the statistics, then ROUNDS rounds train
+def torchrun(tmp_path: Path, *extra: str, rounds: int = ROUNDS) -> subprocess.CompletedProcess:
+    total = (rounds + 1) * 128  # round 0 seeds the statistics, then the rounds that train
     return run(
         [
             sys.executable,
