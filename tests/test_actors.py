@@ -137,12 +137,14 @@ def test_buffer_layout_sentinel_and_stats():
     try:
         assert np.isnan(owner.arrays["advantages"]).all() and (owner.arrays["truncated"] == FLAG_SENTINEL).all()
         assert owner.obs.shape == (2, 5, 3, 7) and owner.actions.shape == (2, 5, 3, 2) and owner.weights.shape == (101,)
-        assert owner.read_stats() == (None, None)
+        assert owner.read_stats() == (None, None, None)
         obs_rms = Moments(np.arange(7.0), np.full(7, 2.0), 10.0)
-        owner.write_stats(obs_rms, Moments(np.array(1.5), np.array(4.0), 3.0))
+        owner.write_stats(
+            obs_rms, Moments(np.array(1.5), np.array(4.0), 3.0), Moments(np.array(-2.0), np.array(9.0), 5.0)
+        )
         attached = SharedBuffers.attach(spec, owner.name)  # what an actor sees
         try:
-            got_obs, got_ret = attached.read_stats()
+            got_obs, got_ret, got_value = attached.read_stats()
             np.testing.assert_array_equal(got_obs.mean, obs_rms.mean)
             np.testing.assert_array_equal(got_obs.var, obs_rms.var)
             assert (
@@ -151,12 +153,13 @@ def test_buffer_layout_sentinel_and_stats():
                 and float(got_ret.var) == 4.0
                 and got_ret.count == 3.0
             )
+            assert (float(got_value.mean), float(got_value.var), got_value.count) == (-2.0, 9.0, 5.0)
             attached.values[1, 4, 2] = 42.0
             assert owner.values[1, 4, 2] == 42.0
         finally:
             attached.close()
         owner.write_stats(None, None)
-        assert owner.read_stats() == (None, None)
+        assert owner.read_stats() == (None, None, None)
     finally:
         owner.close()
     assert not os.path.exists(f"/dev/shm/{owner.name}")
