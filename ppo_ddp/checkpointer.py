@@ -153,6 +153,10 @@ class Checkpointer:
         """The run state and this rank's own state from a checkpoint; notes collects what the user should read."""
         run.noise_states = _restore_rank(state, self.ctx, learner, actors, notes)
         run.load_state_dict(state)
+        if not self.cfg.adaptive_lr:
+            run.learning_rate = None  # a later resume with adaptive_lr starts from learning_rate, not a stale rate
+        elif run.learning_rate is not None and self.ctx.is_main:
+            notes.append(f"adaptive learning rate: continuing at the checkpoint's {run.learning_rate:g}")
         self.saved_round = run.iteration
 
     # ---- saving ---------------------------------------------------------------------------------------------
@@ -238,7 +242,8 @@ def _restore_rank(
     """Load the model, optimizer and RNG of this rank from a checkpoint; returns the actors' noise states.
 
     A checkpoint of the same world size holds every rank's own state (rank_states); another world size
-    gives every rank rank 0's optimizer and generator, and fresh actor noise.
+    gives every rank rank 0's optimizer and generator, and fresh actor noise. With sync_mode "gradients" every rank
+    loads the checkpoint's top-level policy and optimizer.
     """
     cfg = learner.cfg
     ranks = state.get("rank_states")
@@ -249,8 +254,12 @@ def _restore_rank(
             f"every rank starts from rank 0's parameters and Adam moments, the actors from fresh noise"
         )
     source = mine or state
-    learner.model.load_state_dict(source["actor"])
-    learner.optimizer.load_state_dict(source["optimizer"])
+    # Ranks that step together (sync_mode "gradients") must start identical, whatever mode wrote the checkpoint:
+    # its policy and rank 0's Adam moments on every rank (of a gradients run they are every rank's own anyway).
+    # Generators and actor noise stay each rank's own.
+    weights = state if cfg.sync_mode == "gradients" else source
+    learner.model.load_state_dict(weights["actor"])
+    learner.optimizer.load_state_dict(weights["optimizer"])
     # The optimizer state carries the rate it last used; the command line's wins (with anneal_lr or adaptive_lr
     # the next round sets the schedule's: the adapted rate is in the run state).
     saved_lr = learner.optimizer.param_groups[0]["lr"]

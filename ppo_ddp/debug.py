@@ -54,6 +54,7 @@ class RoundRecorder:
                 "obs": pool.buffers.obs.clone(),
                 "advantages": pool.buffers.advantages.clone(),
                 "returns": pool.buffers.returns.clone(),
+                "values": pool.buffers.values.clone(),
                 "value_rms": run.value_rms.to_state() if run.value_rms else None,
                 "learning_rate": trainer.learner.optimizer.param_groups[0]["lr"],
                 "adv_stats": adv_stats,

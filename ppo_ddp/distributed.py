@@ -2,7 +2,8 @@
 
 Every run has a process group, even `python train.py` with one learner (world size 1, an in-memory
 store), so every rank runs the same code path. Collectives move small float64 vectors and the flat
-parameters; only sync_mode "gradients" calls one per mini-batch (`average_` of the flat gradient).
+parameters; only sync_mode "gradients" calls one per mini-batch (`average_` of the flat gradient) and,
+with target_kl, one per epoch (of the KL).
 """
 
 from __future__ import annotations

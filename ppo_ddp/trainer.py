@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -67,8 +68,10 @@ class Trainer:
             # they save, and badly so when actors or other ranks hold the other cores (measured: 0.9 s with one
             # thread against 4-13 s with two for a default round's update on a busy 2-core machine). torchrun
             # sets OMP_NUM_THREADS=1 for the same reason. Large mini-batches gain from the cores the idle actors
-            # leave: cfg.learner_threads.
-            torch.set_num_threads(cfg.learner_threads)
+            # leave: cfg.learner_threads, at most this learner's share of the cores (several ranks on one machine
+            # update at the same time).
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            torch.set_num_threads(max(1, min(cfg.learner_threads, cores // ctx.local_world_size)))
         torch.manual_seed(cfg.seed)
         self.model = ActorCritic.from_config(cfg, obs_dim, act_dim).to(ctx.device)
         D.broadcast_parameters(ctx, self.model)
@@ -383,4 +386,5 @@ class Trainer:
         for note in notes:
             say(note)
         if self.seeding:
-            say(f"round 0: {self.steps_per_round} steps of the initial policy seed the statistics (not trained on)")
+            whose = "this run adds" if self.resume_path is not None else "of the initial policy"
+            say(f"round 0: {self.steps_per_round} steps seed the statistics {whose} (not trained on)")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import math
 import os
 import shlex
@@ -87,8 +88,26 @@ def row_key(row: dict) -> tuple[str, str, str, str, str, str]:
     return (row["env"], str(row["seed"]), str(row["world_size"]), row["config"], sync, row["extra_args"])
 
 
-def run_name(env: str, seed: int, world_size: int, scale: bool = False, sync_mode: str = "params") -> str:
-    return f"bench_{env}{'_scale' if scale else ''}_s{seed}_w{world_size}{'_grad' if sync_mode == 'gradients' else ''}"
+def shape_flags(extra_args: str) -> list[str]:
+    """The extra flags that change what a run computes: all but --actor-timeout, which only bounds a wait."""
+    out: list[str] = []
+    skip = False
+    for flag in shlex.split(extra_args):
+        if skip:
+            skip = False
+        elif flag == "--actor-timeout":
+            skip = True
+        elif not flag.startswith("--actor-timeout="):
+            out.append(flag)
+    return out
+
+
+def run_name(env: str, seed: int, world_size: int, scale: bool, sync_mode: str, extra_args: str) -> str:
+    """The run folder of one row: runs that compute different things never share one (--resume auto continues a
+    folder's run). Flags that change the computation add a short hash of themselves."""
+    name = f"bench_{env}{'_scale' if scale else ''}_s{seed}_w{world_size}{'_grad' if sync_mode == 'gradients' else ''}"
+    flags = shape_flags(extra_args)
+    return name + (f"_f{hashlib.sha1(' '.join(flags).encode()).hexdigest()[:6]}" if flags else "")
 
 
 def training_seconds(metrics_csv: Path) -> float:
@@ -100,18 +119,11 @@ def training_seconds(metrics_csv: Path) -> float:
 
 
 def train(
-    env_key: str,
-    seed: int,
-    world_size: int,
-    total: int | None,
-    runs_dir: Path,
-    extra: list[str],
-    scale: bool,
-    sync: str,
+    env_key: str, seed: int, world_size: int, total: int | None, runs_dir: Path, extra: str, scale: bool, sync: str
 ) -> Path:
-    name = run_name(env_key, seed, world_size, scale, sync)
+    name = run_name(env_key, seed, world_size, scale, sync, extra)
     args = ["train.py", "--config", preset_path(env_key, scale), "--seed", str(seed), "--runs-dir", str(runs_dir)]
-    args += ["--run-name", name, "--resume", "auto", "--sync-mode", sync, *extra]
+    args += ["--run-name", name, "--resume", "auto", "--sync-mode", sync, *shlex.split(extra)]
     if total is not None:
         args += ["--total-timesteps", str(total)]
     launcher = (
@@ -165,6 +177,11 @@ def mean_std(values: list[float]) -> str:
     return f"{values[0]:.0f}" if len(values) == 1 else f"{np.mean(values):.0f} ± {np.std(values):.0f}"
 
 
+def own_shape(row: dict[str, str]) -> bool:
+    """A run of the preset as it is (no flags that change what it computes)."""
+    return not shape_flags(row["extra_args"])
+
+
 def is_scale(row: dict[str, str]) -> bool:
     return row["config"].startswith("configs/scale/")
 
@@ -194,7 +211,10 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     ]
     for env_id, refs in REFERENCE.items():
         ours = [
-            _cell([r for r in small if r["env"] == env_id and row_key(r)[2:] == (str(w), r["config"], "params")], 10**6)
+            _cell(
+                [r for r in small if r["env"] == env_id and own_shape(r) and row_key(r)[2::2] == (str(w), "params")],
+                10**6,
+            )
             for w in (1, 2)
         ]
         lines.append(f"| {env_id} | {' | '.join(refs)} | {' | '.join(ours)} |")
@@ -222,7 +242,7 @@ def _world_size_table(rows: list[dict[str, str]]) -> list[str]:
     ]
     for env_id in envs:
         mine = [r for r in rows if r["env"] == env_id]
-        base = [float(r["eval_mean"]) for r in mine if int(r["world_size"]) == 1]
+        base = [float(r["eval_mean"]) for r in mine if int(r["world_size"]) == 1 and own_shape(r)]
         shapes = sorted({(int(r["world_size"]), row_key(r)[4], r["extra_args"]) for r in mine})
         for world, mode, flags in shapes:
             got = [r for r in mine if (int(r["world_size"]), row_key(r)[4], r["extra_args"]) == (world, mode, flags)]
@@ -244,7 +264,7 @@ def _scale_table(rows: list[dict[str, str]]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for env_id in sorted({r["env"] for r in rows}):
-        mine = [r for r in rows if r["env"] == env_id and int(r["world_size"]) == 1]
+        mine = [r for r in rows if r["env"] == env_id and int(r["world_size"]) == 1 and own_shape(r)]
         per_seed = "; ".join(
             f"s{r['seed']}: {float(r['eval_mean']):.0f}, {float(r['wall_seconds']) / 3600:.1f} h, "
             f"{int(r['total_steps']) / float(r['wall_seconds']):,.0f}"
@@ -297,7 +317,6 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    extra = shlex.split(args.train_args)
     for env_key in args.envs:
         env_id, preset = PRESETS[env_key][0], preset_path(env_key, args.scale)
         for world in args.world_sizes:
@@ -308,7 +327,9 @@ def main() -> None:
                     key = (env_id, str(seed), str(world), preset, sync, args.train_args)
                     if args.skip_existing and any(row_key(r) == key for r in read_rows(csv_path)):
                         continue
-                    run_dir = train(env_key, seed, world, args.total_timesteps, args.runs_dir, extra, args.scale, sync)
+                    run_dir = train(
+                        env_key, seed, world, args.total_timesteps, args.runs_dir, args.train_args, args.scale, sync
+                    )
                     record(run_dir, key, args, commit, csv_path)
     rows = read_rows(csv_path)
     write_table(args.out_dir / "returns.md", rows)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,8 +21,8 @@ from test_train import ROUNDS, TIMEOUT, read_csv, run, torchrun
 
 from ppo_ddp.config import Config, parse_config
 from ppo_ddp.learner import ADAPTIVE_LR_BOUNDS, adapted_learning_rate
-from ppo_ddp.model import ActorCritic, PolicyKernel
-from ppo_ddp.normalization import EPSILON, Moments
+from ppo_ddp.model import ActorCritic, PolicyKernel, read_flat_parameters
+from ppo_ddp.normalization import EPSILON, Moments, value_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 128  # a round of SMALL on 2 ranks
@@ -70,23 +71,22 @@ def test_the_actors_scale_a_normalised_critic_back_to_reward_units():
 
 
 # ---- 2 ranks, gradients averaged, value normalisation and the adaptive rate -----------------------------------
-SYNCED = [
-    "--sync-mode",
-    "gradients",
-    "--normalize-value",
-    "--adaptive-lr",
-    "--no-anneal-lr",
-    "--lr-kl-target",
-    "1e-7",  # every round's KL is far above it: the rate goes down after every round
-    "--target-kl",
-    "1e-5",  # and every update stops early, after an epoch all ranks agree on
-]
+def synced(lr_kl_target: float = 1e-7, target_kl: float = 1e-5) -> list[str]:
+    """Gradient sync, value normalisation and the adaptive rate. By default every round's KL is far above both
+    targets: the rate goes down after every round, and every update stops after its first epoch (so a rank's
+    approx_kl is its first epoch's KL)."""
+    return ["--sync-mode", "gradients", "--normalize-value", "--adaptive-lr", "--no-anneal-lr"] + [
+        "--lr-kl-target",
+        repr(lr_kl_target),
+        "--target-kl",
+        repr(target_kl),
+    ]
 
 
 @pytest.fixture(scope="module")
 def synced_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("synced")
-    proc = torchrun(tmp_path, *SYNCED)
+    proc = torchrun(tmp_path, *synced())
     return tmp_path, proc
 
 
@@ -139,10 +139,52 @@ def test_adaptive_rate_is_the_same_on_every_rank_and_follows_the_averaged_kl(syn
     assert saved["learning_rate"] == pytest.approx(LR0 / 1.5**ROUNDS, rel=1e-12)  # the next round's rate
 
 
-def test_adaptive_rate_and_value_statistics_come_back_on_resume(synced_run):
+def between(rank_values: list[float]) -> float:
+    """A threshold above the ranks' mean and below the largest rank's value: a decision taken on the mean goes one
+    way, one taken on the largest rank's own value the other."""
+    assert rank_values[0] != rank_values[1]
+    return (float(np.mean(rank_values)) + max(rank_values)) / 2
+
+
+def round_one_kls(synced_run) -> list[float]:
+    source, _ = synced_run
+    return [dump(source, rank, 1)["metrics"]["losses/approx_kl"] for rank in (0, 1)]
+
+
+def test_the_early_stop_is_decided_on_the_kl_averaged_over_ranks(synced_run, tmp_path):
+    """Round 1 as in the fixture up to the first check, whose epoch KLs the fixture logged (it stops after one
+    epoch): with target_kl between their mean and the larger, the mean says go on, one rank alone would stop."""
+    torchrun(tmp_path, *synced(target_kl=between(round_one_kls(synced_run))), rounds=1)
+    assert [dump(tmp_path, rank, 1)["metrics"]["losses/epochs"] for rank in (0, 1)] == [2.0, 2.0]
+
+
+def test_the_adaptive_rate_is_decided_on_the_kl_averaged_over_ranks(synced_run, tmp_path):
+    """The fixture's round-1 KLs again: with 2 * lr_kl_target between their mean and the larger, the mean keeps the
+    rate, one rank alone would lower it."""
+    torchrun(tmp_path, *synced(lr_kl_target=between(round_one_kls(synced_run)) / 2), rounds=2)
+    for rank in (0, 1):
+        assert dump(tmp_path, rank, 2)["learning_rate"] == dump(tmp_path, rank, 1)["learning_rate"] == LR0
+
+
+def test_the_actors_value_is_the_normalised_critic_scaled_back(synced_run):
+    """Round k's values in the buffer are the critic of round k-1's update on the observations the actors saw,
+    scaled back with the value statistics that update used."""
     tmp_path, _ = synced_run
+    model = ActorCritic(11, 3, (64, 64), "tanh", 0.0)
+    for k in range(2, ROUNDS + 1):
+        before, now = dump(tmp_path, 0, k - 1), dump(tmp_path, 0, k)
+        read_flat_parameters(model, before["params"])
+        mean, std = value_scale(Moments.from_state(before["value_rms"]))
+        with torch.no_grad():
+            expected = model.value(now["obs"]) * std + mean
+        torch.testing.assert_close(now["values"], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_adaptive_rate_and_value_statistics_come_back_on_resume(synced_run, tmp_path):
+    source, _ = synced_run
+    shutil.copytree(source / "runs", tmp_path / "runs")  # the fixture's run stays as it is for the other tests
     saved = torch.load(tmp_path / "runs" / "t" / "model_t.pt", weights_only=True)
-    torchrun(tmp_path, *SYNCED, "--resume", "auto", rounds=ROUNDS + 2)
+    torchrun(tmp_path, *synced(), "--resume", "auto", rounds=ROUNDS + 2)
     rows = read_csv(tmp_path / "runs" / "t" / "metrics.csv")
     assert [int(r["iteration"]) for r in rows] == list(range(1, ROUNDS + 3))
     assert float(rows[ROUNDS]["charts/learning_rate"]) == saved["learning_rate"]  # exactly the saved rate

@@ -192,7 +192,7 @@ def test_the_first_update_sees_normalised_observations(two_rank_run):
         assert first["frozen_obs_rms"] is not None and first["frozen_obs_rms"]["count"] == 128
         for key in ("mean", "var"):  # round 1's statistics are round 0's
             assert torch.equal(first["frozen_obs_rms"][key], zero["obs_rms"][key])
-    assert "round 0: 128 steps of the initial policy seed the statistics (not trained on)" in proc.stdout
+    assert "round 0: 128 steps seed the statistics of the initial policy (not trained on)" in proc.stdout
 
 
 def test_advantages_are_normalised_with_statistics_of_all_ranks(two_rank_run):
