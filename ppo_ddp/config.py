@@ -62,7 +62,7 @@ class Config:
     """How actor processes start; both are safe with CUDA and threads (fork is not)."""
     learner_threads: int = 1
     """CPU threads of a CPU learner's update. The actors wait during the update, so the cores they step on are
-    free then: 2 threads halve the update of the large-batch presets on 2 cores (docs/benchmarks/throughput.md),
+    free then: 2 threads halve the update of the large-batch presets on 2 cores (docs/tuning.md, large-batch),
     while mini-batches of 64 run fastest on one."""
     actor_timeout: float = 60.0
     """Seconds an actor may take beyond the expected round time before the learner declares it stuck."""

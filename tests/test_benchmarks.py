@@ -114,3 +114,21 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
     )
     assert mem.returncode == 0, mem.stdout[-3000:] + mem.stderr[-3000:]
     assert "growth after round 20" in mem.stdout and "limit +5%" in mem.stdout
+
+
+def test_bench_scale_end_to_end_on_a_tiny_budget():
+    # One timed round of the Humanoid preset against a limit of half a second per measurement: the plumbing and
+    # the arithmetic of the printed lines, not the speed.
+    cmd = [sys.executable, "scripts/bench_scale.py", "--seconds", "0.5", "--warmup-rounds", "1", "--rounds", "1"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    rate = float(next(line for line in lines if line.startswith("training: ")).split()[1].replace(",", ""))
+    limit = float(
+        next(line for line in lines if "limit used" in line).split("limit used ")[1].split(";")[0].replace(",", "")
+    )
+    assert rate > 0 and limit > 0
+    # both printed whole (off by up to 0.5 each), the ratio to 3 decimals
+    rounding = 0.0005 + (rate / limit) * (0.5 / rate + 0.5 / limit) + 1e-9
+    assert lines[-1].startswith("ratio ") and float(lines[-1].split()[1]) == pytest.approx(rate / limit, abs=rounding)
