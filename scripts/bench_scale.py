@@ -2,6 +2,7 @@
 
     python scripts/bench_scale.py                                   # configs/scale/humanoid.yaml
     python scripts/bench_scale.py --config configs/scale/ant.yaml --rounds 20
+    python scripts/bench_scale.py --flags "--hidden-sizes 64 64 --update-epochs 2"    # a variant of the preset
 
 1. The limit: one process per core (os.cpu_count(), or --cores), all at once, each stepping one plain
    `make_env` env with uniform random actions (resets included), in env steps per second summed over the
@@ -21,6 +22,7 @@ import argparse
 import csv
 import multiprocessing as mp
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -43,13 +45,15 @@ def side_by_side_limit(env_id: str, processes: int, seconds: float) -> float:
     return sum(rates)
 
 
-def training_rate(preset: str, warmup: int, rounds: int, work: Path) -> tuple[float, float, float, int]:
+def training_rate(
+    preset: str, flags: list[str], warmup: int, rounds: int, work: Path
+) -> tuple[float, float, float, int]:
     """(env steps per second over the timed rounds, mean rollout s, mean update s, steps per round)."""
-    cfg = parse_config(["--config", preset])
+    cfg = parse_config(["--config", preset, *flags])
     steps = resolve_actors_per_learner(cfg.num_actors, 1, cfg.actors_per_gpu) * cfg.envs_per_actor
     steps *= cfg.rollout_length
     total = (1 + warmup + rounds) * steps  # round 0 seeds the statistics
-    cmd = [sys.executable, "train.py", "--config", preset, "--total-timesteps", str(total)]
+    cmd = [sys.executable, "train.py", "--config", preset, *flags, "--total-timesteps", str(total)]
     cmd += ["--runs-dir", str(work), "--run-name", "bench", "--save-interval", str(10**6)]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     with open(work / "bench" / "metrics.csv", newline="") as f:
@@ -64,6 +68,7 @@ def training_rate(preset: str, warmup: int, rounds: int, work: Path) -> tuple[fl
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/scale/humanoid.yaml", help="the preset to train with")
+    parser.add_argument("--flags", default="", help="train.py flags on top of the preset, e.g. '--update-epochs 2'")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="processes of the limit")
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds of each limit measurement")
     parser.add_argument("--warmup-rounds", type=int, default=3, help="rounds after round 0 left out of the timing")
@@ -72,12 +77,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.warmup_rounds < 1 or args.rounds < 1:
         parser.error("--warmup-rounds and --rounds must be at least 1")
 
-    env_id = parse_config(["--config", args.config]).env_id
-    print(f"# {env_id}, {args.config}; {args.cores} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
+    flags = shlex.split(args.flags)
+    env_id = parse_config(["--config", args.config, *flags]).env_id
+    print(
+        f"# {env_id}, {args.config} {args.flags}; {args.cores} cores; load average {os.getloadavg()[0]:.2f}", flush=True
+    )
     before = side_by_side_limit(env_id, args.cores, args.seconds)
     print(f"raw env limit ({args.cores} processes side by side): {before:,.0f} steps/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        rate, rollout, update, steps = training_rate(args.config, args.warmup_rounds, args.rounds, Path(tmp))
+        rate, rollout, update, steps = training_rate(args.config, flags, args.warmup_rounds, args.rounds, Path(tmp))
     print(
         f"training: {rate:,.0f} steps/s over {args.rounds} rounds of {steps} steps "
         f"(a round: {rollout:.3f} s rollout + {update:.3f} s update)",
