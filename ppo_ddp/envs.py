@@ -31,6 +31,23 @@ def make_env(env_id: str, **kwargs) -> gym.Env:
     return gym.make(env_id, **kwargs)
 
 
+TRACKING_CAMERA = "track"
+"""The camera of gymnasium's MuJoCo robots that follows the centre of mass (every v5 locomotion env has one)."""
+
+
+def make_video_env(env_id: str) -> gym.Env:
+    """An env that renders rgb_array frames in which the robot stays in view for the whole episode.
+
+    gymnasium's default MuJoCo view is a free camera that stays where the episode started: a running HalfCheetah
+    leaves the picture within ~100 steps. The robots' own "track" camera follows the centre of mass; an env without
+    one renders from the free camera, and a non-MuJoCo env (which takes no camera) as it does by default.
+    """
+    try:
+        return make_env(env_id, render_mode="rgb_array", camera_name=TRACKING_CAMERA)
+    except TypeError:  # not a MuJoCo env: no camera_name argument
+        return make_env(env_id, render_mode="rgb_array")
+
+
 def env_seed(seed: int, rank: int, actor: int, env: int) -> int:
     """A distinct, deterministic 32-bit seed for every env of a run, from (seed, rank, actor, env)."""
     return int(np.random.SeedSequence([seed, rank, actor, env]).generate_state(1)[0])

@@ -18,7 +18,7 @@ import tyro
 
 from ppo_ddp.checkpoint import CheckpointError, load_checkpoint
 from ppo_ddp.config import Config, config_from_dict
-from ppo_ddp.envs import make_env
+from ppo_ddp.envs import make_env, make_video_env
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.normalization import Moments, normalize_obs
 
@@ -66,7 +66,7 @@ def evaluate_policy(
     video_dir: Optional[str] = None,
 ) -> list[float]:
     """Undiscounted returns of `episodes` episodes, statistics frozen throughout."""
-    env = make_env(env_id or cfg.env_id, **({"render_mode": "rgb_array"} if video_dir else {}))
+    env = make_video_env(env_id or cfg.env_id) if video_dir else make_env(env_id or cfg.env_id)
     if video_dir:
         from gymnasium.wrappers import RecordVideo
 
