@@ -147,9 +147,17 @@ class Checkpointer:
         return Path(self.cfg.resume)
 
     def load(self, path: Path, model: torch.nn.Module) -> dict[str, Any]:
-        """Read and check a checkpoint to resume (rank 0, which then broadcasts it)."""
+        """Read and check a checkpoint to resume (rank 0, which then broadcasts it). Evaluations finish after the
+        round they evaluate was saved, so the best evaluation so far is the larger of the checkpoint's and the one
+        this run's best checkpoint records."""
         state = load_checkpoint(path)
         check_compatible(state, self.cfg, model, self.obs_dim, self.act_dim, path)
+        if self.best.is_file() and Path(path) != self.best:
+            try:
+                best = load_checkpoint(self.best).get("best_eval_return", -math.inf)
+            except CheckpointError:  # a damaged best file must not stop a resume from the latest
+                best = -math.inf
+            state["best_eval_return"] = max(float(state.get("best_eval_return", -math.inf)), float(best))
         return state
 
     def resume(

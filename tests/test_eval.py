@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from test_train import dump, read_csv, torchrun
@@ -74,3 +76,19 @@ def test_the_best_checkpoint_is_the_policy_that_evaluated_best(eval_run):
     read_flat_parameters(model, mean_policy_of(tmp_path, int(best["iteration"])))
     assert torch.equal(flat, torch.cat([v.reshape(-1) for v in model.state_dict().values()]))
     assert f"best evaluation {float(best['eval/episodic_return']):.1f}" in proc.stdout
+
+
+def test_a_resumed_run_continues_its_evaluations(eval_run, tmp_path):
+    """On a copy of the run: resumed for 2 more rounds, eval.csv gains round 6 (no row twice), and the best
+    evaluation so far is remembered (the latest checkpoint was written before the last evaluations finished, so it
+    comes from the best checkpoint): a worse new evaluation leaves the best checkpoint alone."""
+    source, _ = eval_run
+    shutil.copytree(source / "runs", tmp_path / "runs")
+    before = torch.load(tmp_path / "runs" / "t" / "model_t_best.pt", weights_only=True)
+    torchrun(tmp_path, *EVAL, "--resume", "auto", rounds=6)
+    rows = read_csv(tmp_path / "runs" / "t" / "eval.csv")
+    assert [int(r["iteration"]) for r in rows] == [2, 4, 6]
+    after = torch.load(tmp_path / "runs" / "t" / "model_t_best.pt", weights_only=True)
+    sixth = float(rows[-1]["eval/episodic_return"])
+    assert after["best_eval_return"] == max(before["best_eval_return"], sixth)
+    assert after["evaluation"]["iteration"] == (6 if sixth > before["best_eval_return"] else before["iteration"])
