@@ -27,7 +27,8 @@ import torch
 import yaml
 
 from ppo_ddp import distributed as D
-from ppo_ddp.checkpoint import check_compatible, load_checkpoint, mean_policy, save_checkpoint
+from ppo_ddp.agreement import Agreement
+from ppo_ddp.checkpoint import CheckpointError, check_compatible, load_checkpoint, mean_policy, save_checkpoint
 from ppo_ddp.config import Config, config_to_dict
 from ppo_ddp.learner import Learner
 from ppo_ddp.normalization import Moments
@@ -52,6 +53,8 @@ class RunState:
     learning_rate: Optional[float] = None
     """The adapted learning rate of the next round (adaptive_lr; None: the configured schedule's)."""
     best_return: float = -math.inf
+    best_eval_return: float = -math.inf
+    """The best mean return of an evaluation so far (eval_interval)."""
     recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     noise_states: Optional[list[torch.Tensor]] = None
     """This rank's actors' noise generator states after the last round (each rank its own)."""
@@ -77,6 +80,7 @@ class RunState:
             "iteration": self.iteration,
             "global_step": self.global_step,
             "best_return": self.best_return,
+            "best_eval_return": self.best_eval_return,
             "recent_returns": list(self.recent_returns),
         }
 
@@ -88,6 +92,7 @@ class RunState:
         self.learning_rate = state.get("learning_rate")
         self.iteration, self.global_step = int(state["iteration"]), int(state["global_step"])
         self.best_return = float(state["best_return"])
+        self.best_eval_return = float(state.get("best_eval_return", -math.inf))
         self.recent_returns.extend(float(r) for r in state.get("recent_returns", []))
 
 
@@ -142,10 +147,42 @@ class Checkpointer:
         return Path(self.cfg.resume)
 
     def load(self, path: Path, model: torch.nn.Module) -> dict[str, Any]:
-        """Read and check a checkpoint to resume (rank 0, which then broadcasts it)."""
+        """Read and check a checkpoint to resume (rank 0, which then broadcasts it). Evaluations finish after the
+        round they evaluate was saved, so the best evaluation so far is the larger of the checkpoint's and the one
+        this run's best checkpoint records."""
         state = load_checkpoint(path)
         check_compatible(state, self.cfg, model, self.obs_dim, self.act_dim, path)
+        if self.best.is_file() and Path(path) != self.best:
+            try:
+                best = load_checkpoint(self.best).get("best_eval_return", -math.inf)
+            except CheckpointError:  # a damaged best file must not stop a resume from the latest
+                best = -math.inf
+            state["best_eval_return"] = max(float(state.get("best_eval_return", -math.inf)), float(best))
         return state
+
+    def resume(
+        self, agreement: Agreement, run: RunState, learner: Learner, actors: int, restarted: bool
+    ) -> tuple[Optional[Path], list[str]]:
+        """Every rank: restore the checkpoint to continue from, if any; rank 0 reads it and hands it to the others
+        (one read; nodes need not share a disk). Returns its path (None: a fresh start) and notes for the user."""
+        ctx = self.ctx
+        state, path = None, None
+        if ctx.is_main:
+            path = agreement.own_work(self.resume_path, restarted)
+            if path is not None:
+                state = agreement.own_work(self.load, path, learner.model)
+        agreement.settle()
+        if ctx.world_size > 1:
+            state, path = D.broadcast_object(ctx, (state, path))
+        notes: list[str] = []
+        if state is not None:
+            try:
+                self.restore(state, path, run, learner, actors, notes)
+            except Exception as e:
+                agreement.fail(CheckpointError(f"checkpoint {path}: cannot be restored: {type(e).__name__}: {e}"))
+            if Path(path) == self.latest:
+                self.last_good = run.iteration
+        return path, notes
 
     def restore(
         self, state: dict[str, Any], path: Path, run: RunState, learner: Learner, actors: int, notes: list[str]
@@ -164,7 +201,9 @@ class Checkpointer:
         self, learner: Learner, run: RunState, num_iterations: int, improved: bool, own_work: Callable[..., Any]
     ) -> None:
         """Every rank, after each round: the latest checkpoint every save_interval rounds and at the end, the best
-        one when the mean recent return improved. own_work runs rank 0's writes (agreement.own_work)."""
+        one when the mean recent return improved (unless evaluations choose it: cfg.eval_interval). own_work runs rank
+        0's writes (agreement.own_work)."""
+        improved = improved and not self.cfg.eval_interval
         latest = run.iteration % self.cfg.save_interval == 0 or run.iteration == num_iterations
         rank_states = self.gather(latest or improved, learner, run)  # a collective, on every rank alike
         if latest:
@@ -181,8 +220,11 @@ class Checkpointer:
             return None
         return D.gather_to_main(self.ctx, rank_state(self.ctx, learner, run))
 
-    def write(self, path: Path, run: RunState, rank_states: list[dict[str, Any]]) -> None:
-        """Rank 0: the checkpoint of the round run.iteration, atomically."""
+    def write(
+        self, path: Path, run: RunState, rank_states: list[dict[str, Any]], evaluation: Optional[dict] = None
+    ) -> None:
+        """Rank 0: the checkpoint of the round run.iteration, atomically; `evaluation`: what its policy scored when
+        the best checkpoint is chosen by evaluation."""
         own = rank_states[0]  # the top level: the ranks' mean policy, rank 0's optimizer and generators
         save_checkpoint(
             path,
@@ -199,6 +241,7 @@ class Checkpointer:
                 "act_dim": self.act_dim,
                 "world_size": self.ctx.world_size,
                 "run_name": self.run_name,
+                "evaluation": evaluation,
             },
         )
         if path == self.latest:

@@ -123,6 +123,13 @@ class Config:
     """The critic learns normalised returns: targets and old values are standardised with running statistics of
     the returns merged over all actors and ranks (saved in checkpoints); actors de-normalise its output."""
 
+    # ---- evaluation ---------------------------------------------------------
+    eval_interval: int = 0
+    """Evaluate the rank-averaged policy every this many rounds and after the last one (0: never), in a process of
+    its own while training goes on; with it on, the best checkpoint is the policy that evaluated best."""
+    eval_episodes: int = 10
+    """Deterministic episodes of each evaluation, on an env seeded apart from the training envs."""
+
     # ---- outputs ------------------------------------------------------------
     run_name: Optional[str] = None
     """Name of the run folder runs_dir/run_name (default: <env_id>__<seed>__<start time>)."""
@@ -152,6 +159,7 @@ COUNT_FIELDS = (
     "num_minibatches",
     "save_interval",
     "learner_threads",
+    "eval_episodes",
 )
 POSITIVE_FLOAT_FIELDS = (
     "learning_rate",
@@ -258,6 +266,8 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail("gae_lambda", cfg.gae_lambda, "must be in [0, 1]")
     if cfg.target_kl is not None and not cfg.target_kl > 0:
         raise _fail("target_kl", cfg.target_kl, "must be > 0 or None")
+    if cfg.eval_interval < 0:
+        raise _fail("eval_interval", cfg.eval_interval, "must be >= 0 (0: no evaluation)")
     if cfg.adaptive_lr and cfg.anneal_lr:
         raise _fail("adaptive_lr", True, "the rate follows the KL, so anneal_lr must be false (--no-anneal-lr)")
     if cfg.sync_mode == "gradients" and cfg.param_sync_interval != 1:

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import torch
 import tyro
 
 from ppo_ddp.checkpoint import CheckpointError, load_checkpoint
 from ppo_ddp.config import Config, config_from_dict
 from ppo_ddp.envs import make_env, make_video_env
+from ppo_ddp.evaluator import play_episodes
 from ppo_ddp.model import ActorCritic
-from ppo_ddp.normalization import Moments, normalize_obs
+from ppo_ddp.normalization import Moments
 
 
 @dataclass(frozen=True)
@@ -71,24 +71,10 @@ def evaluate_policy(
         from gymnasium.wrappers import RecordVideo
 
         env = RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
-    low, high = env.action_space.low, env.action_space.high
-    generator = torch.Generator().manual_seed(seed)
-    returns = []
     try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            total, done = 0.0, False
-            while not done:
-                x = torch.as_tensor(normalize_obs(obs, obs_rms, cfg.obs_clip)).unsqueeze(0)
-                with torch.inference_mode():
-                    action = model.action_mean(x) if deterministic else model.sample(x, generator)[0]
-                obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
+        return [ret for ret, _ in play_episodes(env, model, obs_rms, cfg.obs_clip, episodes, seed, deterministic)]
     finally:
         env.close()
-    return returns
 
 
 def main(argv: Optional[list[str]] = None) -> None:

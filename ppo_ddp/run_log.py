@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ppo_ddp.config import Config, config_to_dict
+from ppo_ddp.config import Config, ConfigError, config_to_dict
 
 PACKAGES = ("torch", "gymnasium", "mujoco", "numpy", "tensorboard", "tyro")
 
@@ -51,6 +51,24 @@ def package_versions() -> dict[str, str]:
 def write_run_config(path: Path, cfg: Config, extra: dict[str, Any]) -> None:
     doc = {"config": config_to_dict(cfg), "code_version": code_version(), "packages": package_versions(), **extra}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def open_run_folder(
+    run_dir: Path, cfg: Config, facts: dict[str, Any], total_steps: int, resumed: bool, start_step: int
+) -> RunLogger:
+    """Rank 0: the run folder (without the temp files of a process killed while writing), config.yaml with the
+    run's facts, and the logger. ConfigError (exit 2) when the folder cannot be written."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in run_dir.glob(".*.tmp"):  # left by a process killed while writing; never the real files
+            stale.unlink(missing_ok=True)
+        write_run_config(run_dir / "config.yaml", cfg, facts)
+        metrics_path = Path(cfg.metrics_path) if cfg.metrics_path else run_dir / "metrics.csv"
+        return RunLogger(run_dir, metrics_path, total_steps, resumed, start_step)
+    except OSError as e:
+        raise ConfigError(
+            f"runs_dir={cfg.runs_dir!r}: cannot write the run folder {run_dir}: {e.strerror or e}"
+        ) from None
 
 
 def format_duration(seconds: float) -> str:
@@ -107,6 +125,9 @@ class RunLogger:
         if append:
             with open(self.metrics_path, newline="") as f:
                 self._fieldnames = next(csv.reader(f), None)
+        self.eval_path = run_dir / "eval.csv"
+        if resumed and self.eval_path.exists():
+            _drop_rows_after(self.eval_path, start_step)
         self.total_steps = total_steps
         self.start_step = start_step
         self.start_time = time.time()
@@ -125,6 +146,26 @@ class RunLogger:
         self._csv.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()})
         self._csv_file.flush()
         self._progress(iteration, global_step, metrics)
+
+    def log_evaluation(self, evaluation: Any, replaced: int) -> None:
+        """An evaluation (evaluator.Evaluation) against the global step of the round it evaluated: TensorBoard's
+        eval/ scalars, a row of eval.csv, a line."""
+        metrics = evaluation.metrics()
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, evaluation.global_step)
+        new = not self.eval_path.exists() or self.eval_path.stat().st_size == 0
+        with open(self.eval_path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["iteration", "global_step", *metrics, "episodes", "replaced"])
+            writer.writerow(
+                [evaluation.iteration, evaluation.global_step, *metrics.values(), len(evaluation.episodes), replaced]
+            )
+        self.message(
+            f"eval of round {evaluation.iteration} (step {evaluation.global_step:,}): return "
+            f"{metrics['eval/episodic_return']:.1f} ± {metrics['eval/episodic_return_std']:.1f} over "
+            f"{len(evaluation.episodes)} episodes, {metrics['eval/seconds']:.1f} s"
+        )
 
     def _progress(self, iteration: int, global_step: int, metrics: dict[str, float]) -> None:
         elapsed = time.time() - self.start_time

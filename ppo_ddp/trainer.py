@@ -14,6 +14,7 @@ rank meets the others there, so all stop, or fail, after the same round and none
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import os
@@ -33,15 +34,16 @@ from ppo_ddp.actor_pool import ActorPool
 from ppo_ddp.agreement import Agreement, RunFailed, Stopped
 from ppo_ddp.buffers import BufferSpec
 from ppo_ddp.capacity import available_memory, check_round_fits, free_shared_memory
-from ppo_ddp.checkpoint import CheckpointError
+from ppo_ddp.checkpoint import mean_policy
 from ppo_ddp.checkpointer import Checkpointer, RunState, elastic_restart, find_elastic_run
-from ppo_ddp.config import Config, ConfigError
+from ppo_ddp.config import Config
 from ppo_ddp.debug import RoundRecorder
 from ppo_ddp.envs import make_env
+from ppo_ddp.evaluator import EVAL_FINISH_TIMEOUT, Evaluation, Evaluator
 from ppo_ddp.learner import Learner, RolloutBatch, adapted_learning_rate, annealed_learning_rate, check_finite
 from ppo_ddp.model import ActorCritic, num_parameters
 from ppo_ddp.normalization import merge_rms_states, tensor_moments, value_scale
-from ppo_ddp.run_log import RunLogger, format_duration, write_run_config
+from ppo_ddp.run_log import RunLogger, format_duration, open_run_folder
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
 
 
@@ -89,6 +91,7 @@ class Trainer:
         self.recorder = RoundRecorder.from_env()  # the tests' view of each round, or None
         self.logger: Optional[RunLogger] = None
         self.pool: Optional[ActorPool] = None
+        self.evaluator: Optional[Evaluator] = None
 
     def _run_name(self) -> str:
         """A group that torchelastic restarted (--max-restarts) continues its run: the same name, resumed from
@@ -110,6 +113,9 @@ class Trainer:
                 if self.ctx.is_main:
                     self.logger = self.agreement.own_work(self._open_outputs, stack)
                 self.pool = self.agreement.own_work(lambda: stack.enter_context(self._actor_pool()))
+                if self.ctx.is_main and self.cfg.eval_interval:
+                    evaluator = functools.partial(Evaluator, self.cfg, self.spec.obs_dim, self.spec.act_dim)
+                    self.evaluator = self.agreement.own_work(lambda: stack.enter_context(evaluator()))
                 self.agreement.settle()
                 self._say_start(notes)
                 stopped = self._rounds(self.pool)
@@ -124,30 +130,20 @@ class Trainer:
                         ckpt.latest if ckpt.last_good is not None else None,
                         self.run_name,
                     )
+                self._finish_evaluations()
                 self.agreement.settle()  # rank 0's last save, agreed before anyone reports success
             if self.ctx.is_main:
-                best = (
-                    f"{self.run.best_return:.1f}"
-                    if math.isfinite(self.run.best_return)
-                    else "n/a (no episode finished)"
-                )
-                print(
-                    f"done: {self.run.global_step:,} steps in {format_duration(time.time() - self.start_time)}; "
-                    f"best mean return {best}; latest checkpoint {ckpt.latest}",
-                    flush=True,
-                )
+                best = f"{self.run.best_return:.1f}" if math.isfinite(self.run.best_return) else "n/a (no episode)"
+                if math.isfinite(self.run.best_eval_return):
+                    best += f"; best evaluation {self.run.best_eval_return:.1f} ({ckpt.best})"
+                took = format_duration(time.time() - self.start_time)
+                print(f"done: {self.run.global_step:,} steps in {took}; best mean return {best}; latest checkpoint "
+                      f"{ckpt.latest}", flush=True)  # fmt: skip
         except ForcedStop as e:
             if self.ctx.is_main:
-                kept = (
-                    f"the latest is {ckpt.latest} (round {ckpt.last_good})"
-                    if ckpt.last_good is not None
-                    else "there is none"
-                )
-                print(
-                    f"\ntrain.py: quit on a second {signal_name(e.signum)} without saving; {kept}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                kept = f"the latest is {ckpt.latest} (round {ckpt.last_good})" if ckpt.last_good is not None else ""
+                kept = kept or "there is none"
+                print(f"\ntrain.py: quit on a second {signal_name(e.signum)} without saving; {kept}", file=sys.stderr)
             raise
         except dist.DistError as e:
             # A peer died without a word (killed, out of memory): its connection broke under a collective.
@@ -179,6 +175,7 @@ class Trainer:
             self._record(iteration, metrics, frozen_obs_rms, adv_stats, rollout.reports)
             metrics, improved = self._gather_metrics(iteration, metrics, rollout)  # 7: averaged over ranks
             self._log_and_save(metrics, improved)  # 8: rank 0 logs; the checkpointer decides what to save
+            self._evaluate(iteration)  # 9: every eval_interval rounds, in the evaluator process; not waited for
         return 0
 
     # ---- the steps of a round -------------------------------------------------------------------------------
@@ -279,32 +276,52 @@ class Trainer:
             self.agreement.own_work(self.logger.log, self.run.iteration, self.run.global_step, metrics)
         self.checkpointer.after_round(self.learner, self.run, self.num_iterations, improved, self.agreement.own_work)
 
+    def _evaluate(self, iteration: int) -> None:
+        """Hand the round's policy to the evaluator (with what a best checkpoint of it would hold), and log the
+        evaluations that finished. The gather is a collective: every rank joins it on the same rounds."""
+        cfg, run = self.cfg, self.run
+        if cfg.eval_interval and (iteration % cfg.eval_interval == 0 or iteration == self.num_iterations):
+            states = self.checkpointer.gather(True, self.learner, run)
+            if self.evaluator is not None:
+                request = Evaluation(iteration, run.global_step, keep=(copy.deepcopy(run), states))
+                policy = mean_policy([r["actor"] for r in states])  # exactly the best checkpoint's "actor"
+                self.agreement.own_work(self.evaluator.submit, request, policy, run.obs_rms)
+        if self.evaluator is not None:
+            for done in self.agreement.own_work(self.evaluator.poll) or []:
+                self._record_evaluation(done)
+
+    def _finish_evaluations(self) -> None:
+        """Rank 0, after the last round: wait for the evaluations still running (the last round's included)."""
+        if self.evaluator is not None:
+            for done in self.agreement.own_work(self.evaluator.finish, EVAL_FINISH_TIMEOUT) or []:
+                self._record_evaluation(done)
+
+    def _record_evaluation(self, done: Evaluation) -> None:
+        """Rank 0: log an evaluation at the global step of its round; a new best writes the best checkpoint of
+        that round's state (the policy evaluated, the statistics it was evaluated with)."""
+        self.agreement.own_work(self.logger.log_evaluation, done, self.evaluator.replaced)
+        if done.mean_return > self.run.best_eval_return:
+            self.run.best_eval_return = done.mean_return
+            then, states = done.keep
+            then.best_eval_return = done.mean_return
+            evaluation = {"iteration": done.iteration, "global_step": done.global_step, **done.metrics()}
+            self.agreement.own_work(self.checkpointer.write, self.checkpointer.best, then, states, evaluation)
+
     def _record(self, iteration: int, metrics: dict[str, float], frozen_obs_rms, adv_stats, reports) -> None:
         if self.recorder is not None:
             self.recorder.record(self, iteration, metrics, frozen_obs_rms, adv_stats, reports)
 
     # ---- before the first round -----------------------------------------------------------------------------
     def _resume(self) -> list[str]:
-        """Refuse a round that cannot fit this node; restore the checkpoint to continue from, if any: rank 0 reads
-        it and hands it to the others (one read; nodes need not share a disk). Returns notes for the user."""
-        ctx, ckpt, agree = self.ctx, self.checkpointer, self.agreement
-        agree.own_work(check_round_fits, self.spec, ctx.local_world_size, free_shared_memory(), available_memory())
-        state, path = None, None
-        if ctx.is_main:
-            path = agree.own_work(ckpt.resume_path, self.restart_count > 0)
-            if path is not None:
-                state = agree.own_work(ckpt.load, path, self.model)
-        agree.settle()
-        if ctx.world_size > 1:
-            state, path = D.broadcast_object(ctx, (state, path))
-        self.resume_path, notes = path, []
-        if state is not None:
-            try:
-                ckpt.restore(state, path, self.run, self.learner, self.actors, notes)
-            except Exception as e:
-                agree.fail(CheckpointError(f"checkpoint {path}: cannot be restored: {type(e).__name__}: {e}"))
-            if Path(path) == ckpt.latest:
-                ckpt.last_good = self.run.iteration
+        """Refuse a round that cannot fit this node; restore the checkpoint to continue from, if any. Returns notes
+        for the user."""
+        ctx = self.ctx
+        self.agreement.own_work(
+            check_round_fits, self.spec, ctx.local_world_size, free_shared_memory(), available_memory()
+        )
+        self.resume_path, notes = self.checkpointer.resume(
+            self.agreement, self.run, self.learner, self.actors, self.restart_count > 0
+        )
         return notes
 
     def _plan(self) -> None:
@@ -325,32 +342,21 @@ class Trainer:
 
     def _open_outputs(self, stack: contextlib.ExitStack) -> RunLogger:
         """Rank 0: the run folder, config.yaml, TensorBoard and metrics.csv."""
-        cfg, run = self.cfg, self.run
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            for stale in self.run_dir.glob(".*.tmp"):  # left by a process killed while writing; never the real files
-                stale.unlink(missing_ok=True)
-            write_run_config(
-                self.run_dir / "config.yaml",
-                cfg,
-                {
-                    "run_name": self.run_name,
-                    "world_size": self.ctx.world_size,
-                    "actors_per_learner": self.actors,
-                    "steps_per_round": self.steps_per_round,
-                    "num_iterations": self.num_iterations,
-                    "resumed_from": str(self.resume_path) if self.resume_path else None,
-                    "torchelastic_run_id": self.elastic_id,
-                    "torchelastic_restart_count": self.restart_count,
-                },
-            )
-            metrics_path = Path(cfg.metrics_path) if cfg.metrics_path else self.run_dir / "metrics.csv"
-            total = run.global_step + (self.num_iterations - run.iteration + self.seeding) * self.steps_per_round
-            logger = RunLogger(self.run_dir, metrics_path, total, self.resume_path is not None, run.global_step)
-        except OSError as e:
-            raise ConfigError(
-                f"runs_dir={cfg.runs_dir!r}: cannot write the run folder {self.run_dir}: {e.strerror or e}"
-            ) from None
+        run, facts = (
+            self.run,
+            {
+                "run_name": self.run_name,
+                "world_size": self.ctx.world_size,
+                "actors_per_learner": self.actors,
+                "steps_per_round": self.steps_per_round,
+                "num_iterations": self.num_iterations,
+                "resumed_from": str(self.resume_path) if self.resume_path else None,
+                "torchelastic_run_id": self.elastic_id,
+                "torchelastic_restart_count": self.restart_count,
+            },
+        )
+        total = run.global_step + (self.num_iterations - run.iteration + self.seeding) * self.steps_per_round
+        logger = open_run_folder(self.run_dir, self.cfg, facts, total, self.resume_path is not None, run.global_step)
         stack.callback(logger.close)
         return logger
 

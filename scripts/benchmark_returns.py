@@ -195,6 +195,15 @@ def _cell(rows: list[dict[str, str]], full_steps: int) -> str:
     return mean_std(vals) + note
 
 
+def _preset_cell(rows: list[dict[str, str]]) -> str:
+    """The preset as it is; runs with flags that change it only where there is none, and then with their flags."""
+    own = [r for r in rows if own_shape(r)]
+    if own or not rows:
+        return _cell(own, 10**6)
+    flags = sorted({" ".join(shape_flags(r["extra_args"])) for r in rows})
+    return _cell(rows, 10**6) + f" with `{'`, `'.join(flags)}`"
+
+
 def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     small = [r for r in rows if not is_scale(r)]
     lines = [
@@ -210,13 +219,8 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for env_id, refs in REFERENCE.items():
-        ours = [
-            _cell(
-                [r for r in small if r["env"] == env_id and own_shape(r) and row_key(r)[2::2] == (str(w), "params")],
-                10**6,
-            )
-            for w in (1, 2)
-        ]
+        ours = [_preset_cell([r for r in small if r["env"] == env_id and row_key(r)[2::2] == (str(w), "params")])
+                for w in (1, 2)]  # fmt: skip
         lines.append(f"| {env_id} | {' | '.join(refs)} | {' | '.join(ours)} |")
     lines += ["", "![learning curves](returns.png)", ""]
     lines += _world_size_table(small)

@@ -1,0 +1,211 @@
+"""Evaluation while training: rank 0's evaluator process plays the current policy on envs of its own.
+
+Every cfg.eval_interval rounds (and after the last one) the trainer hands `Evaluator.submit` the round's
+rank-averaged policy as flat parameters and the observation statistics of that round. The evaluator process runs
+cfg.eval_episodes deterministic episodes (the action mean) on one env seeded apart from the training envs (the same
+episode seeds at every evaluation, so evaluations compare) and sends back their returns and lengths. Training does
+not wait for it: `poll` collects finished evaluations at the end of later rounds, and they are logged against the
+global step of the round they evaluated. One evaluation runs at a time; a request that comes while one runs waits,
+and a newer request replaces a waiting one (the replaced one is counted, never silently lost).
+
+`play_episodes` is the episode loop that `python -m ppo_ddp.evaluate` uses too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ppo_ddp.actor_pool import CLOSE_TIMEOUT, _child_start_state, _context, _describe_exit
+from ppo_ddp.config import Config
+from ppo_ddp.envs import make_env
+from ppo_ddp.model import ActorCritic, num_parameters, read_flat_parameters, write_flat_parameters
+from ppo_ddp.normalization import Moments, normalize_obs
+
+EVAL_FINISH_TIMEOUT = 600.0
+"""Seconds the end of a run waits for the evaluations still running."""
+_EVAL_SEED_KEY = 0x6576616C  # spawn key that separates evaluation seeds from the training envs'
+
+
+def eval_seed(seed: int) -> int:
+    """The first episode seed of every evaluation of a run (episode i uses this + i)."""
+    return int(np.random.SeedSequence([seed], spawn_key=(_EVAL_SEED_KEY,)).generate_state(1)[0] % (2**31 - 1000))
+
+
+def play_episodes(
+    env: Any,
+    model: ActorCritic,
+    obs_rms: Optional[Moments],
+    obs_clip: float,
+    episodes: int,
+    seed: int,
+    deterministic: bool = True,
+) -> list[tuple[float, int]]:
+    """(undiscounted return, length) of `episodes` episodes, the statistics frozen; episode i reset with seed + i."""
+    low, high = env.action_space.low, env.action_space.high
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, length, done = 0.0, 0, False
+        while not done:
+            x = torch.as_tensor(normalize_obs(obs, obs_rms, obs_clip)).unsqueeze(0)
+            with torch.inference_mode():
+                action = model.action_mean(x) if deterministic else model.sample(x, generator)[0]
+            obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
+            total, length = total + float(reward), length + 1
+            done = terminated or truncated
+        out.append((total, length))
+    return out
+
+
+def evaluator_main(conn: mp.connection.Connection, cfg: Config, obs_dim: int, act_dim: int) -> None:
+    """The evaluator process: ("eval", request id, flat parameters, obs statistics state) in, results out."""
+    torch.set_num_threads(1)
+    model = ActorCritic.from_config(cfg, obs_dim, act_dim)
+    model.requires_grad_(False)
+    env = make_env(cfg.env_id)
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:  # the learner is gone
+                return
+            if msg[0] == "close":
+                return
+            _, request, flat, obs_state = msg
+            start = time.monotonic()
+            read_flat_parameters(model, torch.from_numpy(flat))
+            obs_rms = Moments.from_state(obs_state) if obs_state is not None else None
+            episodes = play_episodes(env, model, obs_rms, cfg.obs_clip, cfg.eval_episodes, eval_seed(cfg.seed))
+            conn.send(("result", request, episodes, time.monotonic() - start))
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+    finally:
+        env.close()
+
+
+class EvaluatorError(RuntimeError):
+    """The evaluator process failed or died; the message says how."""
+
+
+@dataclass
+class Evaluation:
+    """One evaluated policy: the round it comes from and what it scored; `keep` is the caller's (the checkpoint
+    states of that round, for the best checkpoint)."""
+
+    iteration: int
+    global_step: int
+    episodes: list[tuple[float, int]] = field(default_factory=list)
+    seconds: float = 0.0
+    keep: Any = None
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean([r for r, _ in self.episodes]))
+
+    def metrics(self) -> dict[str, float]:
+        returns = [r for r, _ in self.episodes]
+        return {
+            "eval/episodic_return": float(np.mean(returns)),
+            "eval/episodic_return_std": float(np.std(returns)),
+            "eval/episodic_length": float(np.mean([n for _, n in self.episodes])),
+            "eval/seconds": self.seconds,
+        }
+
+
+class Evaluator:
+    """Rank 0's evaluator process (a context manager); see the module docstring."""
+
+    def __init__(self, cfg: Config, obs_dim: int, act_dim: int) -> None:
+        with torch.random.fork_rng(devices=[]):  # a CPU copy to flatten policies with; not from the learner's RNG
+            self._probe = ActorCritic.from_config(cfg, obs_dim, act_dim)
+        ctx = _context(cfg.mp_start_method)
+        self._conn, child = ctx.Pipe(duplex=True)
+        with _child_start_state():
+            self._proc = ctx.Process(
+                target=evaluator_main, args=(child, cfg, obs_dim, act_dim), name="ppo-evaluator", daemon=True
+            )
+            self._proc.start()
+        child.close()
+        self._running: Optional[Evaluation] = None
+        self._waiting: Optional[tuple[Evaluation, np.ndarray, Optional[dict[str, Any]]]] = None
+        self.replaced = 0
+        """Requests replaced by a newer one before they ran (evaluation slower than eval_interval rounds)."""
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def submit(self, request: Evaluation, policy: dict[str, torch.Tensor], obs_rms: Optional[Moments]) -> None:
+        """Evaluate a policy (an ActorCritic state_dict) with these observation statistics when the process is free."""
+        self._probe.load_state_dict(policy)
+        flat = np.empty(num_parameters(self._probe), dtype=np.float32)
+        write_flat_parameters(self._probe, torch.from_numpy(flat))
+        self._waiting, replaced = (request, flat, obs_rms.to_state() if obs_rms else None), self._waiting
+        self.replaced += replaced is not None
+        self._start_waiting()
+
+    def poll(self, timeout: float = 0.0) -> list[Evaluation]:
+        """Evaluations finished since the last call (waiting up to timeout for one); starts a waiting request."""
+        done = []
+        if self._running is not None and self._conn.poll(timeout):
+            done.append(self._receive())
+        self._start_waiting()
+        return done
+
+    def finish(self, timeout: float) -> list[Evaluation]:
+        """Every outstanding evaluation, waiting up to timeout seconds in all (the end of a run)."""
+        deadline, done = time.monotonic() + timeout, []
+        while self._running is not None and time.monotonic() < deadline:
+            done += self.poll(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        return done
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send(("close",))
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(CLOSE_TIMEOUT)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+
+    def _start_waiting(self) -> None:
+        if self._running is not None or self._waiting is None:
+            return
+        request, flat, obs_state = self._waiting
+        self._waiting = None
+        try:
+            self._conn.send(("eval", request.iteration, flat, obs_state))
+        except (BrokenPipeError, OSError):
+            raise self._gone() from None
+        self._running = request
+
+    def _receive(self) -> Evaluation:
+        try:
+            msg = self._conn.recv()
+        except (EOFError, OSError):
+            raise self._gone() from None
+        if msg[0] == "error":
+            raise EvaluatorError(f"the evaluator failed: {msg[1]}\n{msg[2]}")
+        _, request, episodes, seconds = msg
+        done, self._running = self._running, None
+        assert done is not None and done.iteration == request, (done, request)
+        done.episodes, done.seconds = [(float(r), int(n)) for r, n in episodes], float(seconds)
+        return done
+
+    def _gone(self) -> EvaluatorError:
+        self._proc.join(1.0)
+        return EvaluatorError(f"the evaluator process died ({_describe_exit(self._proc.exitcode)})")
