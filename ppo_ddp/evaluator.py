@@ -1,7 +1,8 @@
 """Evaluation while training: rank 0's evaluator process plays the current policy on envs of its own.
 
 Every cfg.eval_interval rounds (and after the last one) the trainer hands `Evaluator.submit` the round's
-rank-averaged policy as flat parameters and the observation statistics of that round. The evaluator process runs
+rank-averaged policy (a state_dict, sent to the process as flat parameters) and the observation statistics of that
+round. The evaluator process runs
 cfg.eval_episodes deterministic episodes (the action mean) on one env seeded apart from the training envs (the same
 episode seeds at every evaluation, so evaluations compare) and sends back their returns and lengths. Training does
 not wait for it: `poll` collects finished evaluations at the end of later rounds, and they are logged against the
