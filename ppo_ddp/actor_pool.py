@@ -82,7 +82,8 @@ class ActorError(RuntimeError):
         )
 
 
-def _context(method: str) -> mp.context.BaseContext:
+def mp_context(method: str) -> mp.context.BaseContext:
+    """The multiprocessing context every child of a learner starts from (actors and the evaluator alike)."""
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
@@ -95,7 +96,7 @@ worker threads would compete with the other actors (torch.set_num_threads cannot
 
 
 @contextlib.contextmanager
-def _child_start_state() -> Iterator[None]:
+def child_start_state() -> Iterator[None]:
     """Start children (and the forkserver) with SIGINT and SIGTERM ignored and single-threaded math libraries.
 
     Ignored signals stay ignored across exec, so an actor ignores them from its first instruction, not only
@@ -119,7 +120,8 @@ def _child_start_state() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _describe_exit(exitcode: Optional[int]) -> str:
+def describe_exit(exitcode: Optional[int]) -> str:
+    """A child's exit code for a user: the signal's name when a signal killed it."""
     if exitcode is None:
         return "exit code unknown"
     if exitcode < 0:
@@ -170,8 +172,8 @@ class ActorPool:
             self.buffers = SharedBuffers.create(spec)
             if pin_memory:
                 self.buffers.pin()
-            ctx = _context(cfg.mp_start_method)
-            with _child_start_state():
+            ctx = mp_context(cfg.mp_start_method)
+            with child_start_state():
                 for a in range(num_actors):
                     parent_conn, child_conn = ctx.Pipe(duplex=True)
                     self._conns.append(parent_conn)
@@ -333,7 +335,7 @@ class ActorPool:
                     return self._actor_error(a, msg[1])
         proc.join(timeout=1.0)
         return ActorError(
-            f"rank {self.rank} actor {a} (pid {proc.pid}) died unexpectedly, {_describe_exit(proc.exitcode)}",
+            f"rank {self.rank} actor {a} (pid {proc.pid}) died unexpectedly, {describe_exit(proc.exitcode)}",
             rank=self.rank,
             actor_id=a,
             exitcode=proc.exitcode,

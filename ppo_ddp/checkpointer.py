@@ -130,6 +130,7 @@ class Checkpointer:
         """The round of the latest checkpoint of this run known to be on disk (rank 0's knowledge)."""
         self.saved_round = 0
         """The round the latest checkpoint holds; the same number on every rank."""
+        self._gathered: Optional[tuple[int, Any]] = None  # (round, rank states) of the round's gather
 
     def kept(self) -> Optional[str]:
         """The checkpoint a failed run leaves, for its error line."""
@@ -215,10 +216,14 @@ class Checkpointer:
                 own_work(self.write, self.latest, run, rank_states)
 
     def gather(self, needed: bool, learner: Learner, run: RunState) -> Optional[list[dict[str, Any]]]:
-        """Collective when needed (the same decision on every rank): every rank's state, on rank 0."""
+        """Collective when needed (the same decision on every rank): every rank's state, on rank 0. Once a round:
+        the states do not change after the round's update, so a round that saves and evaluates (or a stop after a
+        saved round's evaluation) gathers them once."""
         if not needed:
             return None
-        return D.gather_to_main(self.ctx, rank_state(self.ctx, learner, run))
+        if self._gathered is None or self._gathered[0] != run.iteration:
+            self._gathered = (run.iteration, D.gather_to_main(self.ctx, rank_state(self.ctx, learner, run)))
+        return self._gathered[1]
 
     def write(
         self, path: Path, run: RunState, rank_states: list[dict[str, Any]], evaluation: Optional[dict] = None

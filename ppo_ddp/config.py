@@ -9,6 +9,7 @@ names the field, the value and what is allowed, and exit status 2.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import sys
 import typing
@@ -19,6 +20,7 @@ from typing import Any, Literal, Optional
 
 import tyro
 
+from ppo_ddp.envs import env_problem
 from ppo_ddp.topology import resolve_actors_per_learner
 
 
@@ -129,6 +131,25 @@ class Config:
     its own while training goes on; with it on, the best checkpoint is the policy that evaluated best."""
     eval_episodes: int = 10
     """Deterministic episodes of each evaluation, on an env seeded apart from the training envs."""
+    capture_video: bool = False
+    """Record the first episode of each evaluation, with a camera that follows the robot, to
+    runs_dir/run_name/videos/ (mp4) and TensorBoard (and W&B). Needs eval_interval, moviepy (pip install moviepy)
+    and a MuJoCo renderer (without a display MUJOCO_GL=egl is tried, or set MUJOCO_GL=osmesa); a run that cannot
+    render refuses at start."""
+
+    # ---- tracking -----------------------------------------------------------
+    track: bool = False
+    """Track the run in Weights & Biases from rank 0: the resolved config and git commit as the run's config, the
+    TensorBoard scalars synced, the same W&B run continued on resume. Needs wandb (pip install wandb); works
+    offline with WANDB_MODE=offline."""
+    wandb_project: str = "ppo_ddp"
+    """W&B project of --track."""
+    wandb_entity: Optional[str] = None
+    """W&B entity (user or team) of --track (default: your W&B default entity)."""
+    wandb_group: Optional[str] = None
+    """W&B group of --track, e.g. the seeds of one experiment."""
+    wandb_tags: tuple[str, ...] = ()
+    """W&B tags of --track."""
 
     # ---- outputs ------------------------------------------------------------
     run_name: Optional[str] = None
@@ -195,11 +216,12 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
         if value not in args:
             raise _fail(name, value, f"must be one of {', '.join(map(str, args))}")
         return value
-    if origin is tuple:
+    if origin is tuple:  # tuple[int, ...] or tuple[str, ...]
+        item = args[0]
         if not isinstance(value, (list, tuple)) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
+            isinstance(v, item) and not isinstance(v, bool) for v in value
         ):
-            raise _fail(name, value, "must be a list of integers")
+            raise _fail(name, value, f"must be a list of {'integers' if item is int else 'strings'}")
         return tuple(value)
     if annotation is bool:
         if not isinstance(value, bool):
@@ -268,6 +290,11 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail("target_kl", cfg.target_kl, "must be > 0 or None")
     if cfg.eval_interval < 0:
         raise _fail("eval_interval", cfg.eval_interval, "must be >= 0 (0: no evaluation)")
+    if cfg.capture_video and not cfg.eval_interval:
+        raise _fail("capture_video", True, "records evaluation episodes: set eval_interval > 0 (--eval-interval N)")
+    for name, module in (("capture_video", "moviepy"), ("track", "wandb")):
+        if getattr(cfg, name) and importlib.util.find_spec(module) is None:  # optional: said at start, not later
+            raise _fail(name, True, f"needs {module}: pip install {module}")
     if cfg.adaptive_lr and cfg.anneal_lr:
         raise _fail("adaptive_lr", True, "the rate follows the KL, so anneal_lr must be false (--no-anneal-lr)")
     if cfg.sync_mode == "gradients" and cfg.param_sync_interval != 1:
@@ -288,7 +315,9 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise ConfigError(str(e)) from None
     check_round_split(cfg, actors)  # the trainer checks it again for the actors its topology decides
     if check_env:
-        check_env_id(cfg.env_id)
+        problem = env_problem(cfg.env_id)
+        if problem is not None:
+            raise _fail("env_id", cfg.env_id, problem)
 
 
 def check_round_split(cfg: Config, actors: int) -> None:
@@ -301,38 +330,6 @@ def check_round_split(cfg: Config, actors: int) -> None:
             f"must divide the {batch} samples a learner collects per round "
             f"(actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length})",
         )
-
-
-def check_env_id(env_id: str) -> None:
-    """The env must be registered in gymnasium and have a Box action space."""
-    import importlib
-
-    import gymnasium as gym
-
-    registered_id = env_id
-    if ":" in env_id:  # "module:Env-v0": gym.make imports the module that registers the env; so do we
-        module, registered_id = env_id.split(":", 1)
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise _fail("env_id", env_id, f"cannot import module {module!r} ({e})") from None
-    try:
-        gym.spec(registered_id)
-    except gym.error.Error as e:
-        raise _fail("env_id", env_id, f"not a registered gymnasium env ({str(e).splitlines()[0]})") from None
-    from ppo_ddp.envs import make_env
-
-    try:
-        env = make_env(env_id)
-    except Exception as e:  # missing mujoco, bad kwargs: the user needs the reason, not a traceback
-        raise _fail("env_id", env_id, f"gymnasium could not create it: {type(e).__name__}: {e}") from None
-    try:
-        if not isinstance(env.action_space, gym.spaces.Box):
-            raise _fail("env_id", env_id, f"action space is {env.action_space}; PPO here needs a continuous Box")
-        if not isinstance(env.observation_space, gym.spaces.Box):
-            raise _fail("env_id", env_id, f"observation space is {env.observation_space}; a Box is needed")
-    finally:
-        env.close()
 
 
 def _split_config_flag(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Optional
 
 import gymnasium as gym
 import numpy as np
@@ -29,6 +31,33 @@ def make_env(env_id: str, **kwargs) -> gym.Env:
     """gym.make(env_id) with MuJoCo's asset deprecation warnings filtered out."""
     _install_mujoco_warning_filter()
     return gym.make(env_id, **kwargs)
+
+
+def env_problem(env_id: str) -> Optional[str]:
+    """Why PPO here cannot train on env_id (not registered, not creatable, not continuous), or None."""
+    registered_id = env_id
+    if ":" in env_id:  # "module:Env-v0": gym.make imports the module that registers the env; so do we
+        module, registered_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            return f"cannot import module {module!r} ({e})"
+    try:
+        gym.spec(registered_id)
+    except gym.error.Error as e:
+        return f"not a registered gymnasium env ({str(e).splitlines()[0]})"
+    try:
+        env = make_env(env_id)
+    except Exception as e:  # missing mujoco, bad kwargs: the user needs the reason, not a traceback
+        return f"gymnasium could not create it: {type(e).__name__}: {e}"
+    try:
+        if not isinstance(env.action_space, gym.spaces.Box):
+            return f"action space is {env.action_space}; PPO here needs a continuous Box"
+        if not isinstance(env.observation_space, gym.spaces.Box):
+            return f"observation space is {env.observation_space}; a Box is needed"
+    finally:
+        env.close()
+    return None
 
 
 TRACKING_CAMERA = "track"

@@ -6,7 +6,7 @@ normalisation from its frozen obs_rms_state. Deterministic evaluation acts with 
 
 from __future__ import annotations
 
-import os
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,7 @@ from ppo_ddp.envs import make_env, make_video_env
 from ppo_ddp.evaluator import play_episodes
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.normalization import Moments
+from ppo_ddp.video import EpisodeVideo, render_problem
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class EvalArgs:
     seed: int = 12345
     """Seed of the evaluation episodes (different from training seeds by default)."""
     video: Optional[str] = None
-    """Folder to record an mp4 of every episode into (needs a MuJoCo renderer: MUJOCO_GL=egl or osmesa)."""
+    """Folder to record an mp4 of every episode into, with a camera that follows the robot (needs moviepy and a
+    MuJoCo renderer: without a display MUJOCO_GL=egl is tried, or set MUJOCO_GL=osmesa)."""
     env_id: Optional[str] = None
     """Override the env of the checkpoint (same observation and action shapes)."""
 
@@ -66,11 +68,11 @@ def evaluate_policy(
     video_dir: Optional[str] = None,
 ) -> list[float]:
     """Undiscounted returns of `episodes` episodes, statistics frozen throughout."""
-    env = make_video_env(env_id or cfg.env_id) if video_dir else make_env(env_id or cfg.env_id)
     if video_dir:
-        from gymnasium.wrappers import RecordVideo
-
-        env = RecordVideo(env, video_dir, episode_trigger=lambda _: True, disable_logger=True)
+        env = EpisodeVideo(make_video_env(env_id or cfg.env_id))
+        env.record_all(Path(video_dir))
+    else:
+        env = make_env(env_id or cfg.env_id)
     try:
         return [ret for ret, _ in play_episodes(env, model, obs_rms, cfg.obs_clip, episodes, seed, deterministic)]
     finally:
@@ -90,7 +92,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"evaluate: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.video:
-        _check_renderer()
+        _check_video(args.env_id or cfg.env_id)
     returns = evaluate_policy(
         model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video
     )
@@ -103,29 +105,18 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"videos in {args.video}")
 
 
-def _check_renderer() -> None:
-    """Fail with advice instead of a GL traceback when MuJoCo cannot render offscreen here."""
-    try:
-        import moviepy  # noqa: F401  (gymnasium's RecordVideo writes mp4 through it)
-    except ImportError:
-        print("evaluate: error: --video needs moviepy: pip install moviepy", file=sys.stderr)
-        raise SystemExit(2) from None
-    try:
-        import mujoco
-
-        model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><geom size='1'/></worldbody></mujoco>")
-        with mujoco.Renderer(model, 16, 16) as renderer:
-            renderer.update_scene(mujoco.MjData(model))
-            renderer.render()
-    except Exception as e:
-        gl = os.environ.get("MUJOCO_GL", "unset")
-        print(
-            f"evaluate: error: --video: MuJoCo cannot render here (MUJOCO_GL={gl}: {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); set MUJOCO_GL=egl on a GPU box or MUJOCO_GL=osmesa "
-            f"with OSMesa installed on CPU",
-            file=sys.stderr,
-        )
-        raise SystemExit(2) from None
+def _check_video(env_id: str) -> None:
+    """Fail with advice instead of a traceback when videos cannot be written here."""
+    problem = None
+    if importlib.util.find_spec("moviepy") is None:  # it writes the mp4 files
+        problem = "needs moviepy: pip install moviepy"
+    else:
+        env = make_video_env(env_id)
+        problem = render_problem(env)
+        env.close()
+    if problem is not None:
+        print(f"evaluate: error: --video: {problem}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

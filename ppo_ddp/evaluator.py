@@ -2,9 +2,11 @@
 
 Every cfg.eval_interval rounds (and after the last one) the trainer hands `Evaluator.submit` the round's
 rank-averaged policy (a state_dict, sent to the process as flat parameters) and the observation statistics of that
-round. The evaluator process runs
-cfg.eval_episodes deterministic episodes (the action mean) on one env seeded apart from the training envs (the same
-episode seeds at every evaluation, so evaluations compare) and sends back their returns and lengths. Training does
+round. The evaluator process runs cfg.eval_episodes deterministic episodes (the action mean) on one env seeded apart
+from the training envs (the same episode seeds at every evaluation, so evaluations compare) and sends back their
+returns and lengths. With cfg.capture_video it plays the first episode on an env that renders, writes it to the
+videos folder (ppo_ddp/video.py) and sends back a preview; it checks at its start that it can render, so a run
+that cannot refuses before its first round. Training does
 not wait for it: `poll` collects finished evaluations at the end of later rounds, and they are logged against the
 global step of the round they evaluated. One evaluation runs at a time; a request that comes while one runs waits,
 and a newer request replaces a waiting one (the replaced one is counted, never silently lost).
@@ -19,19 +21,23 @@ import multiprocessing.connection
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from ppo_ddp.actor_pool import CLOSE_TIMEOUT, _child_start_state, _context, _describe_exit
-from ppo_ddp.config import Config
-from ppo_ddp.envs import make_env
+from ppo_ddp.actor_pool import CLOSE_TIMEOUT, child_start_state, describe_exit, mp_context
+from ppo_ddp.config import Config, ConfigError
+from ppo_ddp.envs import make_env, make_video_env
 from ppo_ddp.model import ActorCritic, num_parameters, read_flat_parameters, write_flat_parameters
 from ppo_ddp.normalization import Moments, normalize_obs
+from ppo_ddp.video import INSTALL_HINT, EpisodeVideo, render_problem
 
 EVAL_FINISH_TIMEOUT = 600.0
 """Seconds the end of a run waits for the evaluations still running."""
+RENDER_CHECK_TIMEOUT = 120.0
+"""Seconds the start of a run that records videos waits for the evaluator's first render."""
 _EVAL_SEED_KEY = 0x6576616C  # spawn key that separates evaluation seeds from the training envs'
 
 
@@ -67,13 +73,23 @@ def play_episodes(
     return out
 
 
-def evaluator_main(conn: mp.connection.Connection, cfg: Config, obs_dim: int, act_dim: int) -> None:
-    """The evaluator process: ("eval", request id, flat parameters, obs statistics state) in, results out."""
+def evaluator_main(
+    conn: mp.connection.Connection, cfg: Config, obs_dim: int, act_dim: int, video_dir: Optional[Path]
+) -> None:
+    """The evaluator process: ("eval", request id, flat parameters, obs statistics state, video path) in, results
+    out. With a video_dir it first says whether it can render: ("ready", None or the reason it cannot)."""
     torch.set_num_threads(1)
     model = ActorCritic.from_config(cfg, obs_dim, act_dim)
     model.requires_grad_(False)
     env = make_env(cfg.env_id)
+    recorder = None
     try:
+        if video_dir is not None:
+            recorder = EpisodeVideo(make_video_env(cfg.env_id))
+            problem = render_problem(recorder)
+            conn.send(("ready", problem))
+            if problem is not None:
+                return
         while True:
             try:
                 msg = conn.recv()
@@ -81,16 +97,24 @@ def evaluator_main(conn: mp.connection.Connection, cfg: Config, obs_dim: int, ac
                 return
             if msg[0] == "close":
                 return
-            _, request, flat, obs_state = msg
+            _, request, flat, obs_state, video_path = msg
             start = time.monotonic()
             read_flat_parameters(model, torch.from_numpy(flat))
             obs_rms = Moments.from_state(obs_state) if obs_state is not None else None
-            episodes = play_episodes(env, model, obs_rms, cfg.obs_clip, cfg.eval_episodes, eval_seed(cfg.seed))
-            conn.send(("result", request, episodes, time.monotonic() - start))
+            seed, episodes, video = eval_seed(cfg.seed), [], None
+            if recorder is not None:  # the first episode, rendered (rendering does not change the simulation)
+                recorder.record_next(Path(video_path))
+                episodes = play_episodes(recorder, model, obs_rms, cfg.obs_clip, 1, seed)
+                video = (str(video_path), *recorder.take_preview())
+            rest = cfg.eval_episodes - len(episodes)
+            episodes += play_episodes(env, model, obs_rms, cfg.obs_clip, rest, seed + len(episodes))
+            conn.send(("result", request, episodes, time.monotonic() - start, video))
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
     finally:
         env.close()
+        if recorder is not None:
+            recorder.close()
 
 
 class EvaluatorError(RuntimeError):
@@ -99,18 +123,16 @@ class EvaluatorError(RuntimeError):
 
 @dataclass
 class Evaluation:
-    """One evaluated policy: the round it comes from and what it scored; `keep` is the caller's (the checkpoint
+    """One evaluated policy: the round it comes from and what it scored, the video of its first episode (the mp4's
+    path, a shrunken preview and the preview's frame rate) when recorded; `keep` is the caller's (the checkpoint
     states of that round, for the best checkpoint)."""
 
     iteration: int
     global_step: int
     episodes: list[tuple[float, int]] = field(default_factory=list)
     seconds: float = 0.0
+    video: Optional[tuple[str, np.ndarray, float]] = None
     keep: Any = None
-
-    @property
-    def mean_return(self) -> float:
-        return float(np.mean([r for r, _ in self.episodes]))
 
     def metrics(self) -> dict[str, float]:
         returns = [r for r, _ in self.episodes]
@@ -125,14 +147,14 @@ class Evaluation:
 class Evaluator:
     """Rank 0's evaluator process (a context manager); see the module docstring."""
 
-    def __init__(self, cfg: Config, obs_dim: int, act_dim: int) -> None:
+    def __init__(self, cfg: Config, obs_dim: int, act_dim: int, video_dir: Optional[Path] = None) -> None:
         with torch.random.fork_rng(devices=[]):  # a CPU copy to flatten policies with; not from the learner's RNG
             self._probe = ActorCritic.from_config(cfg, obs_dim, act_dim)
-        ctx = _context(cfg.mp_start_method)
+        ctx = mp_context(cfg.mp_start_method)
         self._conn, child = ctx.Pipe(duplex=True)
-        with _child_start_state():
+        with child_start_state():
             self._proc = ctx.Process(
-                target=evaluator_main, args=(child, cfg, obs_dim, act_dim), name="ppo-evaluator", daemon=True
+                target=evaluator_main, args=(child, cfg, obs_dim, act_dim, video_dir), name="ppo-evaluator", daemon=True
             )
             self._proc.start()
         child.close()
@@ -140,6 +162,9 @@ class Evaluator:
         self._waiting: Optional[tuple[Evaluation, np.ndarray, Optional[dict[str, Any]]]] = None
         self.replaced = 0
         """Requests replaced by a newer one before they ran (evaluation slower than eval_interval rounds)."""
+        self.video_dir = video_dir
+        if video_dir is not None:
+            self._await_renderer()
 
     def __enter__(self) -> Evaluator:
         return self
@@ -183,13 +208,29 @@ class Evaluator:
             self._proc.join()
         self._conn.close()
 
+    def _await_renderer(self) -> None:
+        """A run that records videos and cannot render stops here, before its first round: ConfigError (exit 2)."""
+        problem = None
+        if not self._conn.poll(RENDER_CHECK_TIMEOUT):
+            problem = f"the evaluator did not render a frame within {RENDER_CHECK_TIMEOUT:.0f} s"
+        else:
+            try:
+                problem = self._conn.recv()[1]  # ("ready", reason or None), or ("error", reason, traceback)
+            except (EOFError, OSError):  # a GL library that crashes the process instead of raising
+                self._proc.join(5.0)
+                problem = f"rendering killed the evaluator ({describe_exit(self._proc.exitcode)}); {INSTALL_HINT}"
+        if problem is not None:
+            self.close()
+            raise ConfigError(f"capture_video=True: {problem}")
+
     def _start_waiting(self) -> None:
         if self._running is not None or self._waiting is None:
             return
         request, flat, obs_state = self._waiting
         self._waiting = None
         try:
-            self._conn.send(("eval", request.iteration, flat, obs_state))
+            video = self.video_dir / f"eval_{request.global_step:09d}.mp4" if self.video_dir is not None else None
+            self._conn.send(("eval", request.iteration, flat, obs_state, video))
         except (BrokenPipeError, OSError):
             raise self._gone() from None
         self._running = request
@@ -201,12 +242,12 @@ class Evaluator:
             raise self._gone() from None
         if msg[0] == "error":
             raise EvaluatorError(f"the evaluator failed: {msg[1]}\n{msg[2]}")
-        _, request, episodes, seconds = msg
+        _, request, episodes, seconds, video = msg
         done, self._running = self._running, None
         assert done is not None and done.iteration == request, (done, request)
-        done.episodes, done.seconds = [(float(r), int(n)) for r, n in episodes], float(seconds)
+        done.episodes, done.seconds, done.video = [(float(r), int(n)) for r, n in episodes], float(seconds), video
         return done
 
     def _gone(self) -> EvaluatorError:
         self._proc.join(1.0)
-        return EvaluatorError(f"the evaluator process died ({_describe_exit(self._proc.exitcode)})")
+        return EvaluatorError(f"the evaluator process died ({describe_exit(self._proc.exitcode)})")

@@ -1,4 +1,5 @@
-"""Rank 0's outputs of a run: TensorBoard, metrics.csv, the resolved config, and the progress line."""
+"""Rank 0's outputs of a run: TensorBoard (scalars, hyperparameters, evaluation videos), metrics.csv, eval.csv, the
+resolved config, the progress line, and the Weights & Biases run of --track."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import csv
 import importlib.metadata
 import math
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -15,8 +17,15 @@ from typing import Any, Optional
 import yaml
 
 from ppo_ddp.config import Config, ConfigError, config_to_dict
+from ppo_ddp.video import gif_bytes
 
 PACKAGES = ("torch", "gymnasium", "mujoco", "numpy", "tensorboard", "tyro")
+HPARAM_METRICS = ("charts/episodic_return_avg100", "eval/episodic_return", "charts/SPS")
+"""The scalars TensorBoard's HParams tab shows beside each run's hyperparameters (their last values)."""
+NOT_HPARAMS = ("run_name", "runs_dir", "metrics_path", "resume", "track", "wandb_project", "wandb_entity")
+"""Config fields that do not change what a run computes, left out of the HParams tab (W&B's own fields too)."""
+WANDB_ID_FILE = "wandb_id"
+"""In the run folder: the W&B run id, so that a resumed run continues the same W&B run."""
 
 
 def code_version() -> str:
@@ -63,12 +72,47 @@ def open_run_folder(
         for stale in run_dir.glob(".*.tmp"):  # left by a process killed while writing; never the real files
             stale.unlink(missing_ok=True)
         write_run_config(run_dir / "config.yaml", cfg, facts)
+        tracker = start_wandb(cfg, run_dir, facts) if cfg.track else None  # before TensorBoard: W&B syncs it
         metrics_path = Path(cfg.metrics_path) if cfg.metrics_path else run_dir / "metrics.csv"
-        return RunLogger(run_dir, metrics_path, total_steps, resumed, start_step)
+        logger = RunLogger(run_dir, metrics_path, total_steps, resumed, start_step, tracker)
+        logger.log_hparams(cfg)
+        return logger
     except OSError as e:
         raise ConfigError(
             f"runs_dir={cfg.runs_dir!r}: cannot write the run folder {run_dir}: {e.strerror or e}"
         ) from None
+
+
+def start_wandb(cfg: Config, run_dir: Path, facts: dict[str, Any]) -> Any:
+    """The W&B run of --track: the run folder's W&B id (a new one at a fresh start), so a resume continues the same
+    W&B run; the resolved config, the git commit and the run's facts as its config; TensorBoard's scalars synced."""
+    import wandb
+
+    id_path = run_dir / WANDB_ID_FILE
+    run_id = id_path.read_text().strip() if id_path.is_file() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
+    id_path.write_text(run_id + "\n")
+    try:
+        tracker = wandb.init(
+            project=cfg.wandb_project,
+            entity=cfg.wandb_entity,
+            group=cfg.wandb_group,
+            tags=list(cfg.wandb_tags) or None,
+            name=facts["run_name"],
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            sync_tensorboard=True,
+        )
+    except Exception as e:  # not logged in, no network, a bad entity: the user's to fix, before any round
+        reason = str(e).strip().splitlines()
+        raise ConfigError(
+            f"track=True: W&B could not start ({type(e).__name__}: {reason[0] if reason else ''}); `wandb login`, "
+            f"or WANDB_MODE=offline to keep the run here and `wandb sync` it later"
+        ) from None
+    # a resume may change a value (total_timesteps, the resumed_from fact): the latest is the run's config
+    values = {**config_to_dict(cfg), "code_version": code_version(), "packages": package_versions(), **facts}
+    tracker.config.update(values, allow_val_change=True)
+    return tracker
 
 
 def format_duration(seconds: float) -> str:
@@ -108,10 +152,13 @@ def _drop_rows_after(path: Path, last_step: int) -> None:
 class RunLogger:
     """TensorBoard scalars, one CSV row per round and a progress line; only rank 0 makes one."""
 
-    def __init__(self, run_dir: Path, metrics_path: Path, total_steps: int, resumed: bool, start_step: int) -> None:
+    def __init__(
+        self, run_dir: Path, metrics_path: Path, total_steps: int, resumed: bool, start_step: int, tracker: Any = None
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = run_dir
+        self.tracker = tracker  # the W&B run of --track, or None
         # purge_step drops events a crashed run wrote past its last checkpoint, so a resumed curve has no duplicates.
         self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1 if resumed else None)
         self.metrics_path = metrics_path
@@ -132,6 +179,16 @@ class RunLogger:
         self.start_step = start_step
         self.start_time = time.time()
         self.tty = sys.stdout.isatty()
+
+    def log_hparams(self, cfg: Config) -> None:
+        """The run's hyperparameters for TensorBoard's HParams tab, with HPARAM_METRICS as its metrics (TensorBoard
+        shows their latest values, so a stopped or running run compares too)."""
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {k: v for k, v in config_to_dict(cfg).items() if k not in NOT_HPARAMS}
+        values = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+        for summary in hparams(values, dict.fromkeys(HPARAM_METRICS, 0.0)):
+            self.writer.file_writer.add_summary(summary)
 
     def log(self, iteration: int, global_step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -161,11 +218,31 @@ class RunLogger:
             writer.writerow(
                 [evaluation.iteration, evaluation.global_step, *metrics.values(), len(evaluation.episodes), replaced]
             )
+        if evaluation.video is not None:
+            self._log_video(*evaluation.video, evaluation.global_step)
         self.message(
             f"eval of round {evaluation.iteration} (step {evaluation.global_step:,}): return "
             f"{metrics['eval/episodic_return']:.1f} ± {metrics['eval/episodic_return_std']:.1f} over "
             f"{len(evaluation.episodes)} episodes, {metrics['eval/seconds']:.1f} s"
         )
+
+    def _log_video(self, path: str, preview: Any, fps: float, global_step: int) -> None:
+        """An evaluation's video: its preview in TensorBoard (which plays videos as animated GIFs; torch's add_video
+        needs moviepy 1), the mp4 in W&B."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        if len(preview):
+            _, height, width, channels = preview.shape
+            gif = Summary.Image(
+                height=height, width=width, colorspace=channels, encoded_image_string=gif_bytes(preview, fps)
+            )
+            self.writer.file_writer.add_summary(
+                Summary(value=[Summary.Value(tag="eval/video", image=gif)]), global_step
+            )
+        if self.tracker is not None:
+            import wandb
+
+            self.tracker.log({"videos/eval": wandb.Video(path, format="mp4")})
 
     def _progress(self, iteration: int, global_step: int, metrics: dict[str, float]) -> None:
         elapsed = time.time() - self.start_time
@@ -193,3 +270,5 @@ class RunLogger:
             print(flush=True)
         self.writer.close()
         self._csv_file.close()
+        if self.tracker is not None:
+            self.tracker.finish()

@@ -114,7 +114,8 @@ class Trainer:
                     self.logger = self.agreement.own_work(self._open_outputs, stack)
                 self.pool = self.agreement.own_work(lambda: stack.enter_context(self._actor_pool()))
                 if self.ctx.is_main and self.cfg.eval_interval:
-                    evaluator = functools.partial(Evaluator, self.cfg, self.spec.obs_dim, self.spec.act_dim)
+                    videos = self.run_dir / "videos" if self.cfg.capture_video else None
+                    evaluator = functools.partial(Evaluator, self.cfg, self.spec.obs_dim, self.spec.act_dim, videos)
                     self.evaluator = self.agreement.own_work(lambda: stack.enter_context(evaluator()))
                 self.agreement.settle()
                 self._say_start(notes)
@@ -300,10 +301,11 @@ class Trainer:
         """Rank 0: log an evaluation at the global step of its round; a new best writes the best checkpoint of
         that round's state (the policy evaluated, the statistics it was evaluated with)."""
         self.agreement.own_work(self.logger.log_evaluation, done, self.evaluator.replaced)
-        if done.mean_return > self.run.best_eval_return:
-            self.run.best_eval_return = done.mean_return
+        score = done.metrics()["eval/episodic_return"]
+        if score > self.run.best_eval_return:
+            self.run.best_eval_return = score
             then, states = done.keep
-            then.best_eval_return = done.mean_return
+            then.best_eval_return = score
             evaluation = {"iteration": done.iteration, "global_step": done.global_step, **done.metrics()}
             self.agreement.own_work(self.checkpointer.write, self.checkpointer.best, then, states, evaluation)
 

@@ -19,6 +19,7 @@ LAYERS = [
     "checkpoint",
     "run_log",
     "evaluator",
+    "video",
     "actor_pool",
     "actor",
     "distributed",

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -48,9 +49,11 @@ SMALL = [
 TIMEOUT = 240  # seconds; a hang fails the test instead of CI
 
 
-def run(args: list[str], tmp_path: Path, debug: bool = True) -> subprocess.CompletedProcess:
+def run(
+    args: list[str], tmp_path: Path, debug: bool = True, env: Optional[dict[str, str]] = None
+) -> subprocess.CompletedProcess:
     # CPU and gloo even on a GPU box: these are the CI paths (scripts/gpu_check.sh covers CUDA).
-    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", **(env or {}))
     if debug:
         env["PPO_DDP_DEBUG_DIR"] = str(tmp_path / "debug")
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
@@ -51,3 +52,85 @@ def test_the_video_camera_keeps_the_robot_in_view(env_id):
     if "skip" in result:
         pytest.skip(f"no MuJoCo renderer here: {result['skip']}")
     assert result["changed"] > 0.01, result  # the robot, 30 m from where the episode started, is in the picture
+
+
+# The evaluation's first episode replayed from the best checkpoint (the policy of the run's only evaluation): its
+# last state rendered with and without the robot, against the video's decoded last frame where the robot is.
+LAST_FRAME = textwrap.dedent(
+    """
+    import json, sys
+    import imageio.v3 as iio
+    import numpy as np
+    import torch
+    from ppo_ddp.envs import make_video_env
+    from ppo_ddp.evaluate import load_policy
+    from ppo_ddp.evaluator import eval_seed, play_episodes
+    torch.set_num_threads(1)
+    model, obs_rms, cfg = load_policy(sys.argv[1])
+    video = iio.imread(sys.argv[2])
+    env = make_video_env(cfg.env_id)
+    ((_, length),) = play_episodes(env, model, obs_rms, cfg.obs_clip, 1, eval_seed(cfg.seed))
+    robot = env.render().astype(np.int16)
+    u = env.unwrapped
+    u.model.geom_group[u.model.geom_bodyid != 0] = 5
+    empty = env.render().astype(np.int16)
+    last = video[-1].astype(np.int16)
+    where = np.abs(robot - empty).sum(-1) > 30  # the pixels of the robot
+    error = lambda render: float(np.abs(last - render)[where].mean())  # the video's lossy colours, there
+    print(json.dumps({"frames": len(video), "length": length, "shape": list(video.shape[1:]),
+                      "robot_pixels": float(where.mean()), "vs_robot": error(robot), "vs_empty": error(empty)}))
+    """
+)
+
+
+def train_with_video(tmp_path: Path, gl: str | None):
+    from test_train import SMALL
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")}
+    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", **({"MUJOCO_GL": gl} if gl else {}))
+    args = [*SMALL, "--total-timesteps", "192", "--eval-interval", "2", "--eval-episodes", "2", "--capture-video"]
+    args += ["--runs-dir", str(tmp_path), "--run-name", "v"]
+    cmd = [sys.executable, "train.py", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def renderer_here() -> bool:
+    env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", IN_VIEW, "Hopper-v5"], env=env, capture_output=True, text=True)
+    return proc.returncode == 0 and "skip" not in proc.stdout
+
+
+def test_capture_video_records_an_evaluation_episode_with_the_robot_in_its_last_frame(tmp_path):
+    pytest.importorskip("moviepy", reason="pip install -r requirements-extras.txt")
+    proc = train_with_video(tmp_path, os.environ.get("MUJOCO_GL"))  # unset: egl, the headless default
+    if not renderer_here():  # the other outcome the issue allows: a refusal at start
+        assert proc.returncode == 2 and "capture_video=True: MuJoCo cannot render here" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (video,) = sorted((tmp_path / "v" / "videos").glob("*.mp4"))
+    assert video.name == "eval_000000192.mp4"  # the evaluation of round 2, at its global step
+    env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"), PYTHONPATH=str(ROOT))
+    check = subprocess.run(
+        [sys.executable, "-c", LAST_FRAME, str(tmp_path / "v" / "model_v_best.pt"), str(video)],
+        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr[-3000:]
+    result = json.loads(check.stdout.strip().splitlines()[-1])
+    assert result["frames"] == result["length"] + 1 and result["shape"] == [480, 480, 3], result  # reset + steps
+    # where the robot is at the episode's end, the last frame shows the robot, not the floor behind it
+    assert result["robot_pixels"] > 0.01 and result["vs_robot"] < result["vs_empty"] / 4, result
+    events = EventAccumulator(str(tmp_path / "v"), size_guidance={"images": 0})
+    events.Reload()
+    (preview,) = events.Images("eval/video")
+    assert preview.step == 192 and preview.encoded_image_string.startswith(b"GIF89a")
+
+
+def test_capture_video_without_a_renderer_refuses_at_start(tmp_path):
+    pytest.importorskip("moviepy", reason="pip install -r requirements-extras.txt")
+    # GLFW without a display: MuJoCo imports and simulates (the run could train), but cannot render
+    proc = train_with_video(tmp_path, "glfw")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: capture_video=True: MuJoCo cannot render here")
+    assert "MUJOCO_GL=glfw" in lines[0] and "apt install libegl1" in lines[0]
+    assert "iter " not in proc.stdout and not (tmp_path / "v" / "metrics.csv").read_text().strip()  # no round ran
