@@ -72,7 +72,7 @@ def open_run_folder(
         for stale in run_dir.glob(".*.tmp"):  # left by a process killed while writing; never the real files
             stale.unlink(missing_ok=True)
         write_run_config(run_dir / "config.yaml", cfg, facts)
-        tracker = start_wandb(cfg, run_dir, facts) if cfg.track else None  # before TensorBoard: W&B syncs it
+        tracker = start_wandb(cfg, run_dir, facts, resumed) if cfg.track else None  # before TensorBoard: W&B syncs it
         metrics_path = Path(cfg.metrics_path) if cfg.metrics_path else run_dir / "metrics.csv"
         logger = RunLogger(run_dir, metrics_path, total_steps, resumed, start_step, tracker)
         logger.log_hparams(cfg)
@@ -83,13 +83,15 @@ def open_run_folder(
         ) from None
 
 
-def start_wandb(cfg: Config, run_dir: Path, facts: dict[str, Any]) -> Any:
-    """The W&B run of --track: the run folder's W&B id (a new one at a fresh start), so a resume continues the same
-    W&B run; the resolved config, the git commit and the run's facts as its config; TensorBoard's scalars synced."""
+def start_wandb(cfg: Config, run_dir: Path, facts: dict[str, Any], resumed: bool) -> Any:
+    """The W&B run of --track: a resumed run continues the W&B run whose id the run folder keeps, a fresh start
+    begins a new one; the resolved config, the git commit and the run's facts as its config; TensorBoard's scalars
+    synced."""
     import wandb
 
     id_path = run_dir / WANDB_ID_FILE
-    run_id = id_path.read_text().strip() if id_path.is_file() else secrets.token_hex(4)  # W&B ids: [a-z0-9]
+    keep = resumed and id_path.is_file()
+    run_id = id_path.read_text().strip() if keep else secrets.token_hex(4)  # W&B ids: [a-z0-9]
     id_path.write_text(run_id + "\n")
     try:
         tracker = wandb.init(
@@ -175,6 +177,8 @@ class RunLogger:
         self.eval_path = run_dir / "eval.csv"
         if resumed and self.eval_path.exists():
             _drop_rows_after(self.eval_path, start_step)
+        elif not resumed:  # a fresh start in an old run's folder: its evaluations are not this run's
+            self.eval_path.unlink(missing_ok=True)
         self.total_steps = total_steps
         self.start_step = start_step
         self.start_time = time.time()

@@ -21,7 +21,7 @@ TRACK = ["--track", "--wandb-project", "ppo-tests", "--wandb-group", "g1", "--wa
 
 def train(tmp_path: Path, total: int, *extra: str):
     args = [sys.executable, "train.py", *SMALL, "--total-timesteps", str(total), "--runs-dir", str(tmp_path / "runs")]
-    return run([*args, "--run-name", "w", "--resume", "auto", *extra], tmp_path, debug=False, env=OFFLINE)
+    return run([*args, "--run-name", "w", *extra], tmp_path, debug=False, env=OFFLINE)
 
 
 def wandb_records(path: Path) -> list:
@@ -70,12 +70,14 @@ def tracked(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("track")
     train(tmp_path, 192, *TRACK)  # round 0 and 2 rounds
     first = wandb_run(tmp_path / "runs" / "w")
-    train(tmp_path, 320, *TRACK)  # resumed: 2 rounds more
-    return tmp_path / "runs" / "w", first, wandb_run(tmp_path / "runs" / "w")
+    train(tmp_path, 320, *TRACK, "--resume", "auto")  # resumed: 2 rounds more
+    resumed = wandb_run(tmp_path / "runs" / "w")
+    train(tmp_path, 192, *TRACK)  # a fresh start in the same folder
+    return tmp_path / "runs" / "w", first, resumed, wandb_run(tmp_path / "runs" / "w")
 
 
 def test_the_wandb_run_holds_the_training_scalars_and_the_resolved_config(tracked):
-    run_dir, (run,), _ = tracked
+    run_dir, (run,), _, _ = tracked
     assert run["project"] == "ppo-tests" and run["group"] == "g1" and run["tags"] == ["tiny", "hopper"]
     logged = [row for row in run["history"] if "charts/episodic_return" in row]
     steps = [int(float(row["global_step"])) for row in logged]
@@ -89,10 +91,10 @@ def test_the_wandb_run_holds_the_training_scalars_and_the_resolved_config(tracke
     assert len(config["code_version"].strip('"')) >= 40  # the git commit (with -dirty when uncommitted)
 
 
-def test_a_resumed_run_continues_the_same_wandb_run(tracked):
-    run_dir, (first,), runs = tracked
+def test_a_resumed_run_continues_the_same_wandb_run_and_a_fresh_start_begins_another(tracked):
+    run_dir, (first,), runs, (*_, fresh) = tracked
     assert len(runs) == 2 and runs[0]["id"] == runs[1]["id"] == first["id"]
-    assert (run_dir / "wandb_id").read_text().strip() == first["id"]
+    assert fresh["id"] != first["id"] and (run_dir / "wandb_id").read_text().strip() == fresh["id"]
     second = [int(float(row["global_step"])) for row in runs[1]["history"] if "charts/episodic_return" in row]
     assert second == [256, 320]  # the resumed rounds, nothing logged twice
     assert int(runs[1]["config"]["total_timesteps"]) == 320  # the config of the latest session
@@ -102,7 +104,7 @@ def test_tensorboard_hparams_hold_the_config_and_the_compared_metrics(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    run_dir, _, _ = tracked
+    run_dir, *_ = tracked
     events = EventAccumulator(str(run_dir))
     events.Reload()
     content = {
