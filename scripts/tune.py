@@ -180,14 +180,16 @@ def stored_space(study: Any) -> Space:
 
 
 def counted_trials(study: Any) -> int:
-    """The trials towards --n-trials: all but those a stopped or killed worker left failed, so a continued study
-    still gets its number of trials that ran to their end."""
+    """The trials towards --n-trials: complete, pruned, running, and failed by their training; not those a stopped
+    or killed worker left failed, so a continued study still gets its number of trials that ran to their end, nor
+    the enqueued ones still waiting for a worker."""
     import optuna
     from optuna.trial import TrialState
 
     optuna.storages.fail_stale_trials(study)
+    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
     trials = study.get_trials(deepcopy=False)
-    return sum(1 for t in trials if t.state != TrialState.FAIL or "fail_reason" in t.user_attrs)
+    return sum(1 for t in trials if t.state in counted or "fail_reason" in t.user_attrs)
 
 
 def work(study: Any, space: Space, study_dir: Path, n_trials: int, poll: float, tag: str) -> int:

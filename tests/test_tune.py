@@ -207,6 +207,29 @@ def test_a_killed_worker_s_trial_is_failed_after_three_silent_heartbeats(tiny_st
     assert "its worker stopped (no heartbeat)" in (tmp / "out" / "tiny" / "trials.md").read_text()
 
 
+def test_several_envs_are_trained_in_turn_and_scored_on_one_scale(tmp_path):
+    """One trial on two envs: the value is the mean of return / target; Hopper's evaluations are reported after
+    HalfCheetah's span of steps; a best preset per env."""
+    doc = bad(envs={"HalfCheetah-v5": 3000, "Hopper-v5": 2500}, fixed__total_timesteps=128)
+    doc["enqueue"] = doc["enqueue"][1:]  # the trial that cannot fail
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(doc))
+    proc = tune(*study_args(tmp_path), "--n-trials", 1)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (trial,) = load(tmp_path).trials
+    folder = tmp_path / "out" / "tiny" / "trial_0000"
+    final = {}
+    for env in ("HalfCheetah-v5", "Hopper-v5"):
+        with open(folder / env / "eval.csv", newline="") as f:
+            final[env] = float(list(csv.DictReader(f))[-1]["eval/episodic_return"])
+        assert load_yaml_defaults(folder / f"{env}.yaml")["env_id"] == env
+        assert load_yaml_defaults(tmp_path / "out" / "tiny" / f"best_{env}.yaml")["env_id"] == env
+    assert trial.state.name == "COMPLETE"
+    assert trial.value == pytest.approx((final["HalfCheetah-v5"] / 3000 + final["Hopper-v5"] / 2500) / 2)
+    span = 192  # 128 steps and one evaluation interval, on the grid of 64
+    assert list(trial.intermediate_values) == [128, span + 128]
+    assert trial.intermediate_values[span + 128] == pytest.approx(trial.value)
+
+
 STUB = """
 import pathlib, signal, sys, time, subprocess
 here = pathlib.Path(sys.argv[1])
