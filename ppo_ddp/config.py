@@ -242,17 +242,22 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
     raise TypeError(f"no YAML coercion for field {name} of type {annotation}")  # a programming error
 
 
-def load_yaml_defaults(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping of Config field names to values, checked against the fields' types."""
+def read_yaml(path: str | Path, label: str) -> Any:
+    """A YAML file's content; ConfigError starting with label when it is missing or not YAML."""
     import yaml
 
-    path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
-        raise ConfigError(f"config={str(path)!r}: no such file") from None
+        raise ConfigError(f"{label}: no such file") from None
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"config={str(path)!r}: not a readable YAML file ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"{label}: not a readable YAML file ({str(e).splitlines()[0]})") from None
+
+
+def load_yaml_defaults(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping of Config field names to values, checked against the fields' types."""
+    path = Path(path)
+    raw = read_yaml(path, f"config={str(path)!r}")
     if raw is None:
         return {}
     if not isinstance(raw, dict):

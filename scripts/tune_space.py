@@ -34,15 +34,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ppo_ddp.config import (  # noqa: E402
-    Config,
-    ConfigError,
-    check_env_id,
-    config_from_dict,
-    field_names,
-    load_yaml_defaults,
-    validate,
-)
+from ppo_ddp.config import Config, ConfigError, config_from_dict, field_names, load_yaml_defaults, read_yaml, validate  # noqa: E402
+from ppo_ddp.envs import env_problem  # noqa: E402
 from ppo_ddp.topology import resolve_actors_per_learner  # noqa: E402
 
 TOP_KEYS = ("base", "envs", "fixed", "eval_every_steps", "final_evals", "pruner", "sampler", "params", "enqueue")
@@ -163,14 +156,7 @@ def write_preset(path: Path, values: dict[str, Any], header: list[str]) -> None:
 
 def load_space(path: str | Path, check_env: bool = True) -> Space:
     """Read and check a search-space file; ConfigError naming the key and what is allowed."""
-    path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: not a readable YAML file ({str(e).splitlines()[0]})") from None
-    return parse_space(doc, str(path), check_env=check_env)
+    return parse_space(read_yaml(path, str(path)), str(path), check_env=check_env)
 
 
 def parse_space(doc: Any, source: str, check_env: bool = True, base_values: Optional[dict] = None) -> Space:
@@ -231,8 +217,9 @@ def _envs(envs: Any, check_env: bool) -> dict[str, float]:
     for env_id, target in envs.items():
         if not (_number(target) and target > 0):
             raise ConfigError(f"envs.{env_id}={target!r}: the target score must be a number > 0")
-        if check_env:
-            check_env_id(str(env_id))
+        problem = env_problem(str(env_id)) if check_env else None
+        if problem is not None:
+            raise ConfigError(f"env_id={str(env_id)!r}: {problem}")
     return {str(k): float(v) for k, v in envs.items()}
 
 
