@@ -290,7 +290,7 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
         plot_curves(curves(scale), out_dir / "returns_10m.png")
     envs = {r["env"] for r in rows if not is_scale(r) and int(r["world_size"]) > 1}
     worlds = [
-        (f"{r['env']}, {r['world_size']} x {row_key(r)[4]} {r['extra_args']}".strip(), r)
+        (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(shape_flags(r['extra_args']))}".strip(), r)
         for r in rows
         if not is_scale(r) and r["env"] in envs
     ]

@@ -69,7 +69,7 @@ def plot_curves(runs: Sequence[tuple[str, Path]], out: Path, window: int = 10) -
         ax.plot(grid, aligned.mean(0), label=f"mean of {len(curves)} seed(s)")
         if len(curves) > 1:
             ax.fill_between(grid, aligned.min(0), aligned.max(0), alpha=0.25, label="min..max")
-        ax.set_title(env)
+        ax.set_title(env, fontsize=9)
         ax.set_xlabel("env steps")
         ax.set_ylabel("episodic return")
         ax.grid(alpha=0.3)
