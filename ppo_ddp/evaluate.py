@@ -6,7 +6,6 @@ normalisation from its frozen obs_rms_state. Deterministic evaluation acts with 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 import tyro
 
 from ppo_ddp.checkpoint import CheckpointError, load_checkpoint
-from ppo_ddp.config import Config, config_from_dict
+from ppo_ddp.config import Config, config_from_dict, missing_extra
 from ppo_ddp.envs import make_env, make_video_env
 from ppo_ddp.evaluator import play_episodes
 from ppo_ddp.model import ActorCritic
@@ -107,10 +106,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def _check_video(env_id: str) -> None:
     """Fail with advice instead of a traceback when videos cannot be written here."""
-    problem = None
-    if importlib.util.find_spec("moviepy") is None:  # it writes the mp4 files
-        problem = "needs moviepy: pip install moviepy"
-    else:
+    problem = missing_extra("moviepy")  # it writes the mp4 files
+    if problem is None:
         env = make_video_env(env_id)
         problem = render_problem(env)
         env.close()

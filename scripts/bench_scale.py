@@ -54,7 +54,7 @@ def training_rate(
     steps *= cfg.rollout_length
     total = (1 + warmup + rounds) * steps  # round 0 seeds the statistics
     cmd = [sys.executable, "train.py", "--config", preset, *flags, "--total-timesteps", str(total)]
-    cmd += ["--runs-dir", str(work), "--run-name", "bench", "--save-interval", str(10**6)]
+    cmd += ["--runs-dir", str(work), "--run-name", "bench", "--save-interval", str(10**6), "--eval-interval", "0"]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     with open(work / "bench" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))[warmup - 1 :]  # the row that ends the warm-up, then the timed rounds

@@ -233,6 +233,8 @@ def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, wo
         str(args.seed),
         "--total-timesteps",
         str(rounds * SAMPLES_PER_UPDATE),
+        "--eval-interval",  # training alone, as the SB3 baseline
+        "0",
         "--actors-per-gpu",
         str(actors),
         "--envs-per-actor",

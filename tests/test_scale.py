@@ -288,3 +288,6 @@ def test_a_preset_loads_and_runs_two_rounds(preset, tmp_path):
     assert [int(r["global_step"]) for r in rows] == [2 * per_round, 3 * per_round]
     assert all(math.isfinite(float(r["losses/value_loss"])) for r in rows)
     assert yaml.safe_load((tmp_path / "runs" / "p" / "config.yaml").read_text())["config"]["normalize_value"] is True
+    evaluations = read_csv(tmp_path / "runs" / "p" / "eval.csv")  # on by default: after the last round too
+    assert [int(r["global_step"]) for r in evaluations] == [3 * per_round]
+    assert int(evaluations[0]["episodes"]) == cfg.eval_episodes

@@ -45,6 +45,8 @@ SMALL = [
     "30",
     "--log-std-init",
     "0.0",
+    "--eval-interval",  # evaluation is on by default; the tests that check it turn it on themselves
+    "0",
 ]
 TIMEOUT = 240  # seconds; a hang fails the test instead of CI
 
