@@ -199,6 +199,10 @@ def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(Config)]
 
 
+YAML_EXPONENT_HINT = "YAML reads 1e-4 as text: write 1.0e-4"
+"""PyYAML follows YAML 1.1, where a float needs a dot: the commonest reason a learning rate is not a number."""
+
+
 def missing_extra(module: str) -> Optional[str]:
     """What to install when an optional dependency (requirements-extras.txt) is missing, else None."""
     return None if importlib.util.find_spec(module) else f"needs {module}: pip install {module}"
@@ -239,7 +243,9 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
         return value
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _fail(name, value, "must be a number")
+            raise _fail(
+                name, value, "must be a number" + (f" ({YAML_EXPONENT_HINT})" if isinstance(value, str) else "")
+            )
         return float(value)
     if annotation is str:
         if not isinstance(value, str):

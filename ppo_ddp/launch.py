@@ -97,11 +97,10 @@ def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
 
 def stop_message(e: Stopped) -> str:
     """The stop's line: what was kept, and the command that continues the run."""
-    head = (
-        f"stopped by {signal_name(e.signum)} after round {e.completed} of {e.num_iterations} ({e.global_step:,} steps)"
-    )
-    if e.checkpoint is None:
-        return f"{head}; no round finished, nothing saved. Start again with: {resume_command(None)}"
+    by = f"stopped by {signal_name(e.signum)}"
+    if e.checkpoint is None:  # nothing was kept (a stop during the first round): no round count to report
+        return f"{by} before the first round finished; nothing saved. Start again with: {resume_command(None)}"
+    head = f"{by} after round {e.completed} of {e.num_iterations} ({e.global_step:,} steps)"
     return f"{head}; checkpoint {e.checkpoint}. Resume with: {resume_command(e.run_name)}"
 
 

@@ -34,7 +34,16 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ppo_ddp.config import Config, ConfigError, config_from_dict, field_names, load_yaml_defaults, read_yaml, validate  # noqa: E402
+from ppo_ddp.config import (  # noqa: E402
+    YAML_EXPONENT_HINT,  # noqa: E402
+    Config,
+    ConfigError,
+    config_from_dict,
+    field_names,
+    load_yaml_defaults,
+    read_yaml,
+    validate,
+)
 from ppo_ddp.envs import env_problem  # noqa: E402
 from ppo_ddp.topology import resolve_actors_per_learner  # noqa: E402
 
@@ -287,7 +296,7 @@ def _range(where: str, name: str, kind: str, spec: dict[str, Any], start: dict[s
     low, high, log, step = spec.get("low"), spec.get("high"), spec.get("log", False), spec.get("step")
     if not (_number(low, integer) and _number(high, integer) and low <= high and (integer or low < high)):
         order = "<=" if integer else "<"
-        hint = "; YAML reads 1e-4 as text, write 1.0e-4" if isinstance(low, str) or isinstance(high, str) else ""
+        hint = f"; {YAML_EXPONENT_HINT}" if isinstance(low, str) or isinstance(high, str) else ""
         raise ConfigError(f"{where}: low={low!r}, high={high!r}: must be {kind}s with low {order} high{hint}")
     if not isinstance(log, bool) or (log and not low > 0):
         raise ConfigError(f"{where}.log={log!r}: must be true or false; true needs low > 0")

@@ -223,6 +223,7 @@ def test_flags_tyro_cannot_parse_exit_2_without_traceback(argv, shown, capsys):
         ("activation: sigmoid\n", "activation='sigmoid': must be one of tanh, relu, elu"),
         ("num_gpus: true\n", "num_gpus=True: must be an integer"),
         ("gamma: 2\n", "gamma=2.0: must be in (0, 1]"),  # a well-typed YAML value is still validated
+        ("learning_rate: 1e-4\n", "learning_rate='1e-4': must be a number (YAML reads 1e-4 as text: write 1.0e-4)"),
     ],
 )
 def test_yaml_errors(text, message, yaml_file, capsys):

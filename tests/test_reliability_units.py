@@ -21,9 +21,10 @@ if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can impor
 
 from ppo_ddp import signals  # noqa: E402
 from ppo_ddp.actor_pool import ActorPool  # noqa: E402
+from ppo_ddp.agreement import Stopped  # noqa: E402
 from ppo_ddp.checkpointer import find_elastic_run  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
-from ppo_ddp.launch import resume_command  # noqa: E402
+from ppo_ddp.launch import resume_command, stop_message  # noqa: E402
 from ppo_ddp.learner import NonFiniteError, check_finite  # noqa: E402
 from ppo_ddp.model import ActorCritic  # noqa: E402
 from ppo_ddp.run_log import RunLogger  # noqa: E402
@@ -103,6 +104,21 @@ def test_resume_command_under_torchrun(monkeypatch):
     assert (
         resume_command("r1", ["train.py"])
         == "torchrun <the same launcher options on every node> train.py --resume auto --run-name r1"
+    )
+
+
+def test_the_stop_line_says_what_was_kept(monkeypatch):
+    for var in ("TORCHELASTIC_RUN_ID", "PPO_DDP_ACTORS_PER_LEARNER"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    kept = stop_message(Stopped(signal.SIGTERM, 3, 10, 8192, Path("runs/r1/model_r1.pt"), "r1"))
+    assert kept == (
+        "stopped by SIGTERM after round 3 of 10 (8,192 steps); checkpoint runs/r1/model_r1.pt. "
+        "Resume with: python train.py --resume auto --run-name r1"
+    )
+    nothing = stop_message(Stopped(signal.SIGINT, 0, 10, 0, None, "r1"))  # Ctrl-C during the first round
+    assert (
+        nothing == "stopped by SIGINT before the first round finished; nothing saved. Start again with: python train.py"
     )
 
 
