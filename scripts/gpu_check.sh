@@ -2,6 +2,7 @@
 # The CUDA/NCCL paths on a GPU box, in one short run: NCCL process group (python train.py and torchrun),
 # the learner on cuda:0, evaluation of a checkpoint written on the GPU, the refusal of
 # more ranks than GPUs, and the suite itself with CUDA visible. Usage: OUT=/some/dir bash scripts/gpu_check.sh
+# (GPU_CHECK_TESTS="tests/test_actors.py ..." runs part of the suite). Needs moviepy and an EGL driver for the videos.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_check}
@@ -13,12 +14,18 @@ step "devices"
 nvidia-smi -L
 python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())"
 
-step "python train.py on cuda:0 (NCCL, world of one)"
-python3 train.py "${small[@]}" --total-timesteps 65536 --runs-dir "$OUT/runs" --run-name py1 || echo "FAILED rc=$?"
+step "python train.py on cuda:0 (NCCL, world of one), evaluating every 5 rounds with videos (EGL on the GPU)"
+MUJOCO_GL=egl python3 train.py "${small[@]}" --total-timesteps 32768 --eval-interval 5 --capture-video \
+    --runs-dir "$OUT/runs" --run-name py1 || echo "FAILED rc=$?"
 grep -E "world_size|actors_per_learner" "$OUT/runs/py1/config.yaml"
+cat "$OUT/runs/py1/eval.csv"
+ls -la "$OUT/runs/py1/videos"
 
-step "torchrun --nproc_per_node=1 (NCCL through env://)"
-python3 -m torch.distributed.run --standalone --nproc_per_node=1 train.py "${small[@]}" --total-timesteps 65536 --runs-dir "$OUT/runs" --run-name tr1 || echo "FAILED rc=$?"
+step "the Humanoid large-batch preset on cuda:0 in gradients mode: torchrun (NCCL through env://), the flat-gradient all_reduce, 3 rounds"
+python3 -m torch.distributed.run --standalone --nproc_per_node=1 train.py --config configs/scale/humanoid.yaml \
+    --sync-mode gradients --total-timesteps 16384 --runs-dir "$OUT/runs" --run-name hum || echo "FAILED rc=$?"
+cut -d, -f1,2,6,11,12,13 "$OUT/runs/hum/metrics.csv"
+cat "$OUT/runs/hum/eval.csv"
 
 step "more ranks than GPUs is refused with one line, exit 2"
 python3 -m torch.distributed.run --standalone --nproc_per_node=2 train.py --total-timesteps 4096 --runs-dir "$OUT/runs" --run-name tr2 2>&1 | grep "train.py: error"
@@ -49,5 +56,6 @@ for dev in ("cpu", "cuda"):
     print(f"{dev}: {time.perf_counter() - t:.3f} s per round update (320 mini-batches)")
 PY
 
-step "test suite with CUDA visible (tests/test_actors.py checks the pinned buffers and the async copy)"
-python3 -m pytest -q -x tests 2>&1 | tail -15
+step "tests with CUDA visible (tests/test_actors.py checks the pinned buffers and the async copy): ${GPU_CHECK_TESTS:-tests}"
+# shellcheck disable=SC2086  # GPU_CHECK_TESTS: the test files or folders to run (the whole suite by default)
+python3 -m pytest -q -x ${GPU_CHECK_TESTS:-tests} 2>&1 | tail -15
