@@ -218,8 +218,9 @@ class Checkpointer:
     def gather(self, needed: bool, learner: Learner, run: RunState) -> Optional[list[dict[str, Any]]]:
         """Collective when needed (the same decision on every rank): every rank's state, on rank 0. Once a round:
         the states do not change after the round's update, so a round that saves and evaluates (or a stop after a
-        saved round's evaluation) gathers them once."""
+        saved round's evaluation) gathers them once; a round that needs none frees the last one's."""
         if not needed:
+            self._gathered = None
             return None
         if self._gathered is None or self._gathered[0] != run.iteration:
             self._gathered = (run.iteration, D.gather_to_main(self.ctx, rank_state(self.ctx, learner, run)))
