@@ -32,10 +32,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+import proc_tree  # scripts/, on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_ID = "HalfCheetah-v5"
@@ -47,31 +48,9 @@ EPOCHS = 10
 # ---------------------------------------------------------------------------------------------- process trees
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
-
-def _status_mb(pid: int, key: str = "VmHWM") -> float | None:
-    """A memory line of /proc/PID/status in MB (VmHWM: peak RSS, VmRSS: current); None once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(f"{key}:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
 def _role(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+    cmd = proc_tree.cmdline(pid)
+    if not cmd:
         return "?"
     if "resource_tracker" in cmd:
         return "resource tracker"
@@ -82,49 +61,12 @@ def _role(pid: int) -> str:
     return "main"  # a learner, or SB3's trainer
 
 
-@dataclass
-class TreeMonitor:
-    """Samples VmHWM (peak RSS) of every process under root_pid until stopped."""
-
-    root_pid: int
-    period: float = 0.25
-    peaks: dict[int, tuple[str, float]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            stack = [self.root_pid]
-            while stack:
-                pid = stack.pop()
-                stack += _children(pid)
-                rss = _status_mb(pid)
-                if rss is not None:
-                    # The role is read each time: a child's first sample may predate its exec, when it was
-                    # still a copy of its parent; a new role (after the exec) starts a new peak.
-                    role, peak = _role(pid), self.peaks.get(pid, ("", 0.0))
-                    self.peaks[pid] = (role, max(rss, peak[1]) if role == peak[0] else rss)
-            self._stop.wait(self.period)
-
-    def stop(self) -> dict[str, float]:
-        """Largest peak RSS in MB per role."""
-        self._stop.set()
-        self._thread.join()
-        by_role: dict[str, float] = {}
-        for role, rss in self.peaks.values():
-            by_role[role] = max(rss, by_role.get(role, 0.0))
-        return by_role
-
-
 def run_tree(cmd: list[str], log: Path, cwd: Path = ROOT) -> tuple[dict[str, float], float]:
     """Run cmd to completion, sampling peak RSS of its process tree; (peaks by role, wall seconds)."""
     out = open(log, "w")
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    monitor = TreeMonitor(proc.pid)
+    monitor = proc_tree.PeakMonitor(proc.pid, _role)
     rc = proc.wait()
     peaks = monitor.stop()
     out.close()
@@ -297,7 +239,7 @@ def learner_rss_growth(args: argparse.Namespace, work: Path) -> None:
         metrics = work / name / "metrics.csv"
         samples: dict[int, float] = {}  # round -> learner RSS in MB, read when the round's row appears
         while proc.poll() is None:
-            rss = _status_mb(proc.pid, "VmRSS")
+            rss = proc_tree.status_mb(proc.pid, "VmRSS")
             try:
                 with open(metrics) as f:
                     done = sum(1 for _ in f) - 1

@@ -5,10 +5,10 @@
 
 Everything after `--` goes to train.py (after the soak's own defaults, so it wins). Every --interval seconds
 it walks the launch's process tree through /proc (Linux) and records, per process, its role (torchrun agent,
-learner, forkserver, resource tracker, actor), RSS, open fds and threads, and the shared-memory blocks in
-/dev/shm. At the end it stops the run with SIGINT (the graceful stop: checkpoint, resume line) and prints a
-table per role: the first sample after the warm-up, the last one, the peak, and the growth per hour from a
-least-squares line. `samples.csv` in --out holds every sample.
+learner, forkserver, resource tracker, actor or evaluator: both are the forkserver's children), RSS, open fds
+and threads, and the shared-memory blocks in /dev/shm. At the end it stops the run with SIGINT (the graceful
+stop: checkpoint, resume line) and prints a table per role: the first sample after the warm-up, the last one,
+the peak, and the growth per hour from a least-squares line. `samples.csv` in --out holds every sample.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import proc_tree  # scripts/, on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,36 +49,8 @@ DEFAULT_TRAIN_ARGS = [
 """Small rounds, so that a soak runs many of them, and a checkpoint every round: leaks per round show."""
 
 
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return None
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _read(f"/proc/{entry}/stat")
-            if stat:
-                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    return children
-
-
-def process_tree(root: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of root and all its descendants."""
-    children, out, todo = _children_map(), [], [(root, 0)]
-    while todo:
-        pid, parent = todo.pop()
-        out.append((pid, parent))
-        todo.extend((c, pid) for c in children.get(pid, []))
-    return out
-
-
 def _environ_rank(pid: int) -> str:
-    env = _read(f"/proc/{pid}/environ") or ""
+    env = proc_tree.read(f"/proc/{pid}/environ") or ""
     for item in env.split("\0"):
         if item.startswith("RANK="):
             return item[5:]
@@ -85,14 +58,14 @@ def _environ_rank(pid: int) -> str:
 
 
 def label(pid: int, parent_role: str, root: int) -> Optional[str]:
-    cmd = (_read(f"/proc/{pid}/cmdline") or "").replace("\0", " ")
+    cmd = proc_tree.cmdline(pid)
     if not cmd:
         return None
     rank = _environ_rank(pid)
     if "resource_tracker" in cmd:
         return f"resource tracker (rank {rank})" if pid != root else "resource tracker"
     if "forkserver" in cmd:
-        return "actor" if parent_role.startswith("forkserver") else f"forkserver (rank {rank})"
+        return "actor or evaluator" if parent_role.startswith("forkserver") else f"forkserver (rank {rank})"
     if "train.py" in cmd and pid != root:
         return f"learner rank {rank}"
     if pid == root:
@@ -102,15 +75,14 @@ def label(pid: int, parent_role: str, root: int) -> Optional[str]:
 
 def sample(root: int) -> list[dict]:
     rows, roles = [], {0: ""}
-    for pid, parent in process_tree(root):  # parents before their children
+    for pid, parent in proc_tree.tree(root):  # parents before their children
         role = label(pid, roles.get(parent, ""), root)
         if role is None:
             continue
-        if role == "actor":
-            role = f"actor (rank {_environ_rank(pid)})"
+        if role == "actor or evaluator":
+            role = f"actor or evaluator (rank {_environ_rank(pid)})"
         roles[pid] = role
-        status = _read(f"/proc/{pid}/status") or ""
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        fields = proc_tree.status(pid)
         try:
             fds = len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
@@ -119,7 +91,7 @@ def sample(root: int) -> list[dict]:
             {
                 "pid": pid,
                 "role": role,
-                "rss_mb": int(fields.get("VmRSS", "0 kB").split()[0]) / 1024,
+                "rss_mb": proc_tree.status_mb(pid, "VmRSS") or 0.0,
                 "fds": fds,
                 "threads": int(fields.get("Threads", "0")),
             }
@@ -131,7 +103,7 @@ def shm_blocks(pids: list[int]) -> set[str]:
     """The shared-memory blocks (/dev/shm/psm_*) these processes have mapped."""
     names = set()
     for pid in pids:
-        for line in (_read(f"/proc/{pid}/maps") or "").splitlines():
+        for line in (proc_tree.read(f"/proc/{pid}/maps") or "").splitlines():
             if "/dev/shm/psm_" in line:
                 names.add(line.split("/dev/shm/", 1)[1].split()[0])
     return names
