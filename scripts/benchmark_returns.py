@@ -342,7 +342,8 @@ def main() -> None:
 
 
 def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit: str, csv_path: Path) -> None:
-    """Evaluate the run's final policy and put its row in the CSV (replacing the run's earlier row)."""
+    """Evaluate the run's final policy and put its row in the CSV (replacing the run's earlier row), the table
+    and the figures."""
     env_id, seed, world, preset, sync, _ = key
     model, obs_rms, cfg = load_policy(run_dir / f"model_{run_dir.name}.pt")
     returns = evaluate_policy(model, obs_rms, cfg, args.eval_episodes, deterministic=True)
@@ -378,6 +379,7 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
     rows = [r for r in read_rows(csv_path) if row_key(r) != key] + [row]
     write_rows(csv_path, rows)
     write_table(args.out_dir / "returns.md", rows)
+    plot_all(rows, args.out_dir)  # after every row: a long benchmark stopped midway leaves its figures current
 
 
 if __name__ == "__main__":
