@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tune_space import Space, load_space, parse_space  # noqa: E402
 from tune_trial import Objective, TrialFailed  # noqa: E402
 
-from ppo_ddp.config import ConfigError  # noqa: E402
+from ppo_ddp.config import ConfigError, missing_extra  # noqa: E402
 
 PROG = "tune.py"
 SQLITE_BUSY_TIMEOUT_S = 60  # workers sharing a SQLite file wait this long for its lock instead of failing
@@ -72,10 +72,10 @@ def fail(message: str) -> NoReturn:
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
-    try:
-        import optuna
-    except ImportError:
-        fail("optuna is not installed: pip install -r requirements-extras.txt (or pip install optuna)")
+    if problem := missing_extra("optuna"):
+        fail(problem)
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a trial's end is one line of ours, not a traceback
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # the heartbeat is one
     study_dir = (Path(args.out) / args.study).resolve()
