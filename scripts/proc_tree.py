@@ -47,10 +47,14 @@ def status(pid: int) -> dict[str, str]:
     return dict((k, v.strip()) for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line))
 
 
+def mb(field: Optional[str]) -> Optional[float]:
+    """A memory field of status ("1234 kB") in MB; None for a missing field."""
+    return int(field.split()[0]) / 1024 if field else None
+
+
 def status_mb(pid: int, key: str = "VmHWM") -> Optional[float]:
     """A memory field of /proc/PID/status in MB (VmHWM: peak RSS, VmRSS: current); None once the process is gone."""
-    value = status(pid).get(key)
-    return int(value.split()[0]) / 1024 if value else None
+    return mb(status(pid).get(key))
 
 
 def cmdline(pid: int) -> str:

@@ -91,7 +91,7 @@ def sample(root: int) -> list[dict]:
             {
                 "pid": pid,
                 "role": role,
-                "rss_mb": proc_tree.status_mb(pid, "VmRSS") or 0.0,
+                "rss_mb": proc_tree.mb(fields.get("VmRSS")) or 0.0,  # one read of status for both fields
                 "fds": fds,
                 "threads": int(fields.get("Threads", "0")),
             }
