@@ -438,14 +438,14 @@ def test_killed_actor_detected_at_once():
         elapsed = time.monotonic() - start
         killer.join()
         assert_released(pool)
-    assert elapsed < 60, f"a dead actor took {elapsed:.1f} s to notice (bound is {cfg.actor_timeout} s)"
+    assert elapsed < 60, f"a dead actor took {elapsed:.1f} s to notice (its timeout is {cfg.actor_timeout} s)"
     assert "actor 1" in str(info.value) and "SIGKILL" in str(info.value) and info.value.exitcode == -signal.SIGKILL
 
 
 def test_stuck_actor_times_out():
     cfg = make_cfg("scripted_env:ScriptedHang-v0", seed=scripted_env.FAILURE_SEED, actor_timeout=1.0)
     err, elapsed, _ = _collect_expecting_error(cfg)
-    assert 1.0 <= elapsed < 60, elapsed  # not before the timeout; by it, not by the test's own limit
+    assert 1.0 <= elapsed < 60, elapsed  # not before its 1-s timeout, and soon after it
     assert "actor 1 did not finish round 1" in str(err) and err.actor_id == 1
 
 
