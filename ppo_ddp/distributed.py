@@ -21,6 +21,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists: its functions take `group=group.WORLD` as a default argument, so a
+# first import after init_process_group (torch.optim's first optimizer imports it, through torch._dynamo) would
+# hold the default group for good; destroy_process_group could not free it, and gloo's threads would run into
+# interpreter shutdown, where they sometimes abort the process ("terminate called without an active
+# exception", SIGABRT) after it has said its last word.
+import torch.distributed.nn.functional  # noqa: F401
+
 from ppo_ddp.config import Config, ConfigError, check_round_split
 from ppo_ddp.normalization import Moments, merge_rms_states
 from ppo_ddp.topology import Launch, TrainingTopology, resolve_rank_device, resolve_training_topology

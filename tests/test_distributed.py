@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import traceback
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -67,9 +68,19 @@ def _worker(rank: int, port: int, results) -> None:
             out["agree_quiet"] = D.agree(ctx, 0, False)
             out["agree"] = D.agree(ctx, 15 if rank == 1 else 0, rank == 0)  # rank 1 got SIGTERM, rank 0 failed
             out["gather_to_main"] = D.gather_to_main(ctx, {"rank": rank})
+            torch.optim.Adam(model.parameters())  # the learner's first optimizer (torch imports much on the first)
+        out["threads_after_teardown"] = _thread_names()
         results[rank] = out
     except BaseException:
         results[rank] = traceback.format_exc()
+
+
+def _thread_names() -> Optional[list[str]]:
+    """This process's threads by name (None where /proc cannot tell)."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return None
+    return sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks))
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +150,12 @@ def test_agreement_and_gather_to_main(results):
         assert results[rank]["agree"] == (15, True)  # the same answer on every rank
     assert results[0]["gather_to_main"] == [{"rank": 0}, {"rank": 1}]
     assert results[1]["gather_to_main"] is None
+
+
+def test_teardown_releases_the_group(results):
+    # A group that outlives destroy_process_group keeps gloo's threads running into interpreter shutdown, where
+    # they sometimes abort a process that has already said its last line (exit status -6 instead of 2).
+    if results[0]["threads_after_teardown"] is None:
+        pytest.skip("needs /proc to list threads")
+    for rank in range(WORLD):
+        assert not [name for name in results[rank]["threads_after_teardown"] if "gloo" in name], results[rank]
