@@ -1,5 +1,6 @@
 """A running process tree read from /proc (Linux), for the scripts that watch a training run's processes:
-bench_throughput's peak RSS per role, soak's RSS, open fds and threads over time.
+bench_throughput's peak RSS per role, soak's RSS, open fds and threads over time, the tests' threads of a
+process.
 
 Every reader returns nothing (None, [] or {}) for a process that is gone: a tree changes while it is read.
 """
@@ -55,6 +56,16 @@ def mb(field: Optional[str]) -> Optional[float]:
 def status_mb(pid: int, key: str = "VmHWM") -> Optional[float]:
     """A memory field of /proc/PID/status in MB (VmHWM: peak RSS, VmRSS: current); None once the process is gone."""
     return mb(status(pid).get(key))
+
+
+def thread_names(pid: int) -> list[str]:
+    """The names of the pid's threads (sorted); [] once the process is gone. A thread that ends while they are read
+    is left out."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    return sorted(name.strip() for name in (read(f"/proc/{pid}/task/{t}/comm") for t in tasks) if name is not None)
 
 
 def cmdline(pid: int) -> str:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
-from typing import Optional
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ppo_ddp import distributed as D
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import proc_tree  # noqa: E402
+
+from ppo_ddp import distributed as D  # noqa: E402
 from ppo_ddp.model import ActorCritic, flatten_parameters_
 from ppo_ddp.normalization import compute_batch_moments
 
@@ -69,18 +74,10 @@ def _worker(rank: int, port: int, results) -> None:
             out["agree"] = D.agree(ctx, 15 if rank == 1 else 0, rank == 0)  # rank 1 got SIGTERM, rank 0 failed
             out["gather_to_main"] = D.gather_to_main(ctx, {"rank": rank})
             torch.optim.Adam(model.parameters())  # the learner's first optimizer (torch imports much on the first)
-        out["threads_after_teardown"] = _thread_names()
+        out["threads_after_teardown"] = proc_tree.thread_names(os.getpid())
         results[rank] = out
     except BaseException:
         results[rank] = traceback.format_exc()
-
-
-def _thread_names() -> Optional[list[str]]:
-    """This process's threads by name (None where /proc cannot tell)."""
-    tasks = "/proc/self/task"
-    if not os.path.isdir(tasks):
-        return None
-    return sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks))
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +152,7 @@ def test_agreement_and_gather_to_main(results):
 def test_teardown_releases_the_group(results):
     # A group that outlives destroy_process_group keeps gloo's threads running into interpreter shutdown, where
     # they sometimes abort a process that has already said its last line (exit status -6 instead of 2).
-    if results[0]["threads_after_teardown"] is None:
+    if not os.path.isdir("/proc/self/task"):
         pytest.skip("needs /proc to list threads")
     for rank in range(WORLD):
         assert not [name for name in results[rank]["threads_after_teardown"] if "gloo" in name], results[rank]
