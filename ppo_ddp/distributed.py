@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -84,6 +86,19 @@ class DistContext:
 def is_local_main() -> bool:
     """Rank 0 of this node (or the only process): the one that prints what every rank of the node would."""
     return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def say_once_per_node(line: str, patience_s: float = 10.0) -> None:
+    """Print a line that every rank of this node found alike (bad input found before or outside the agreement),
+    once: rank 0 of the node says it.
+
+    The other ranks wait to be ended instead of exiting with it: torchrun stops the whole group at the first exit,
+    so one that left at once could cut rank 0 off before its line was out. A rank still running after patience_s
+    says the line itself (rank 0 did not find the same, or is stuck); a launcher's SIGTERM ends the wait at once.
+    """
+    if not is_local_main():
+        time.sleep(patience_s)
+    print(line, file=sys.stderr, flush=True)
 
 
 def lost_contact(e: BaseException) -> str:

@@ -47,8 +47,7 @@ def main(cfg: Config) -> None:
                     print(stop_message(e), flush=True)
                 raise
     except BAD_INPUT as e:  # found alike by every rank (e.g. a topology that does not fit)
-        if D.is_local_main():  # one line per node
-            print(f"train.py: error: {e}", file=sys.stderr)
+        D.say_once_per_node(f"train.py: error: {e}")
         raise SystemExit(2) from None
     except RunFailed as e:  # said by the trainer already
         raise SystemExit(e.exit_code) from None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -156,3 +158,34 @@ def test_teardown_releases_the_group(results):
         pytest.skip("needs /proc to list threads")
     for rank in range(WORLD):
         assert not [name for name in results[rank]["threads_after_teardown"] if "gloo" in name], results[rank]
+
+
+_SAY = "from ppo_ddp import distributed as D; print('ready', flush=True); D.say_once_per_node('the line', {})"
+
+
+def _say(local_rank: int, patience_s: float) -> subprocess.Popen[str]:
+    env = {**os.environ, "LOCAL_RANK": str(local_rank)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SAY.format(patience_s)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_line_found_alike_is_said_once_per_node_by_its_rank_0():
+    main = _say(0, 60.0)  # says it at once
+    assert main.wait(timeout=30) == 0 and main.stderr.read() == "the line\n"
+    # The others wait for the launcher to end them (torchrun stops the group at the first exit: one that left at
+    # once could end rank 0 before its line was out) ...
+    other = _say(1, 60.0)
+    with pytest.raises(subprocess.TimeoutExpired):
+        other.wait(timeout=2)
+    other.send_signal(signal.SIGTERM)
+    assert other.wait(timeout=30) == -signal.SIGTERM and other.stderr.read() == ""
+    # ... and say it themselves when nobody ends them (rank 0 did not find the same)
+    alone = _say(1, 0.5)
+    assert alone.wait(timeout=30) == 0 and alone.stderr.read() == "the line\n"
