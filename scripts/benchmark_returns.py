@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import math
 import os
@@ -317,10 +318,12 @@ def main() -> None:
         p.error(f"--scale: no configs/scale/ preset for {', '.join(missing)}")
 
     csv_path = args.out_dir / "returns.csv"
-    # the code that produced a row (same seed and config reproduce it exactly on the same code)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    # the code that produced a row (same seed and config reproduce it exactly on the same code); "+dirty" when
+    # uncommitted changes to the code or presets ran, which that commit alone would not reproduce
+    git = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True)
+    commit = git(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
+    if git(["git", "status", "--porcelain", "--", "ppo_ddp", "configs", "train.py"]).stdout.strip():
+        commit += "+dirty"
     for env_key in args.envs:
         env_id, preset = PRESETS[env_key][0], preset_path(env_key, args.scale)
         for world in args.world_sizes:
