@@ -11,6 +11,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,15 +29,22 @@ WANDB_ID_FILE = "wandb_id"
 """In the run folder: the W&B run id, so that a resumed run continues the same W&B run."""
 
 
-def code_version() -> str:
-    """The git commit of the code (with '-dirty' for uncommitted changes), or 'unknown' outside a checkout."""
+def code_version(paths: Sequence[str] = (), short: bool = False) -> str:
+    """The git commit of the code (with '-dirty' for uncommitted changes), or 'unknown' outside a checkout.
+
+    paths: only uncommitted changes under these count (default: any tracked file); short: the abbreviated hash.
+    """
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", *(["--short"] if short else []), "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
             cwd=root,
             capture_output=True,
             text=True,

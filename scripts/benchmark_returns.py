@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import hashlib
 import math
 import os
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from plot_runs import load_curve, plot_curves  # noqa: E402
 
 from ppo_ddp.evaluate import evaluate_policy, load_policy  # noqa: E402
+from ppo_ddp.run_log import code_version  # noqa: E402
 
 PRESETS = {
     "halfcheetah": ("HalfCheetah-v5", "configs/halfcheetah.yaml"),
@@ -318,12 +318,10 @@ def main() -> None:
         p.error(f"--scale: no configs/scale/ preset for {', '.join(missing)}")
 
     csv_path = args.out_dir / "returns.csv"
-    # the code that produced a row (same seed and config reproduce it exactly on the same code); "+dirty" when
-    # uncommitted changes to the code or presets ran, which that commit alone would not reproduce
-    git = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True)
-    commit = git(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
-    if git(["git", "status", "--porcelain", "--", "ppo_ddp", "configs", "train.py"]).stdout.strip():
-        commit += "+dirty"
+    # the code that produced a row (same seed and config reproduce it exactly on the same code); "-dirty" when
+    # uncommitted changes to the code or presets ran, which that commit alone would not reproduce (this script's
+    # own rows and figures, changed as it goes, do not count)
+    commit = code_version(("ppo_ddp", "configs", "train.py"), short=True)
     for env_key in args.envs:
         env_id, preset = PRESETS[env_key][0], preset_path(env_key, args.scale)
         for world in args.world_sizes:
