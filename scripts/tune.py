@@ -24,18 +24,20 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tune_space import Space, load_space, parse_space  # noqa: E402
-from tune_trial import Objective, TrialFailed  # noqa: E402
+from tune_trial import Objective  # noqa: E402
 
 from ppo_ddp.config import ConfigError, missing_extra  # noqa: E402
 
 PROG = "tune.py"
 SQLITE_BUSY_TIMEOUT_S = 60  # workers sharing a SQLite file wait this long for its lock instead of failing
+STUDY_READY_S = 30  # a worker that finds the study just made waits this long for its maker to store the space
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -78,6 +80,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a trial's end is one line of ours, not a traceback
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # the heartbeat is one
+    # work() runs optuna's heartbeat thread beside each trial it asks for, as study.optimize would.
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     study_dir = (Path(args.out) / args.study).resolve()
     url = args.storage or f"sqlite:///{study_dir / 'study.db'}"
     if args.report and not args.storage and not (study_dir / "study.db").exists():
@@ -105,7 +109,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             code = run_workers(args, url)
         else:
             tag = "" if args.worker_id is None else f"[worker {args.worker_id}] "
-            code = work(study, space, study_dir, args.n_trials, args.poll, tag)
+            code = work(study, Objective(space, study_dir, args.poll, tag), args.n_trials)
     if args.worker_id is None:
         report(study, space, study_dir, url)
     raise SystemExit(code)
@@ -123,18 +127,29 @@ def shown(url: str) -> str:
 
 def make_storage(url: str, heartbeat: int) -> Any:
     import optuna
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy import event
+    from sqlalchemy.exc import IntegrityError, OperationalError
 
-    engine_kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}} if url.startswith("sqlite") else {}
+    sqlite = url.startswith("sqlite")
+    # pysqlite begins a transaction only at its first write, so optuna's SELECT ... FOR UPDATE locks nothing on
+    # SQLite: two workers could both read an enqueued trial as WAITING and both claim it, or finish a trial another
+    # had just finished. With the driver's own BEGIN off (isolation_level None) and BEGIN IMMEDIATE opening every
+    # transaction instead, a transaction holds the database's write lock from its first read: each read-then-write
+    # of optuna's is atomic, as row locks make it on a database server. Workers wait up to the busy timeout.
+    connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, "isolation_level": None}
+    engine_kwargs = {"connect_args": connect_args} if sqlite else {}
 
     def storage() -> Any:
-        return optuna.storages.RDBStorage(
+        made = optuna.storages.RDBStorage(
             url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat, grace_period=3 * heartbeat
         )
+        if sqlite:
+            event.listen(made.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        return made
 
     try:
         return storage()
-    except OperationalError:  # workers started at once on a new database race to create its tables: again
+    except (OperationalError, IntegrityError):  # commands started at once on a new database race to make its tables
         time.sleep(2)
         return storage()
 
@@ -142,8 +157,8 @@ def make_storage(url: str, heartbeat: int) -> Any:
 def open_study(
     url: str, name: str, space: Optional[Space], seed: Optional[int], worker: int, heartbeat: int, create: bool
 ) -> Any:
-    """The study, created with its space the first time (and the space's enqueued trials); ConfigError when it was
-    made with another space, or (create False) when there is no such study."""
+    """The study; made with its space's enqueued trials and the space itself when it does not exist and create is
+    True. ConfigError when it was made with another space, or (create False) when there is no such study."""
     import optuna
 
     storage = make_storage(url, heartbeat)
@@ -151,27 +166,48 @@ def open_study(
         seed=None if seed is None else seed + worker, constant_liar=True, **(space.sampler if space else {})
     )
     pruner = optuna.pruners.MedianPruner(**(space.pruner if space else {}))
-    if not create and name not in optuna.get_all_study_names(storage):
+    kwargs = {"study_name": name, "storage": storage, "sampler": sampler, "pruner": pruner}
+    if create and space is not None:
+        try:  # the database's unique study name decides which of the workers started at once makes the study
+            study = optuna.create_study(**kwargs, direction="maximize")
+        except optuna.exceptions.DuplicatedStudyError:
+            pass
+        else:
+            fill_new_study(study, space)
+            return study
+    elif name not in optuna.get_all_study_names(storage):
         raise ConfigError(f"study={name!r}: no such study in {shown(url)}")
-    study = optuna.create_study(
-        study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True
-    )
-    if space is None:
-        return study
-    stored = study.user_attrs.get("space")
-    if stored is None:  # a new study: remember the space, so that --report needs no file and workers agree
-        study.set_user_attr("space", space.doc)
-        study.set_user_attr("space_source", space.source)
-        study.set_user_attr("base_values", space.base_values)
-        for params in space.enqueue:
-            dists = {d.name: d for d in space.params}
-            study.enqueue_trial({k: dists[k].encode(v) for k, v in params.items()})
-    elif stored != space.doc:
+    study = optuna.load_study(**kwargs)
+    if space is not None and stored_doc(study, url) != space.doc:
         raise ConfigError(
             f"study {name!r} in {shown(url)} was made with another search space "
             f"({study.user_attrs.get('space_source')}); use its file unchanged, or a new --study name"
         )
     return study
+
+
+def fill_new_study(study: Any, space: Space) -> None:
+    """The enqueued trials of a study this worker made, then its space (so that --report needs no file and workers
+    agree): the space stored last tells the workers that load the study that it is ready."""
+    dists = {d.name: d for d in space.params}
+    for params in space.enqueue:
+        study.enqueue_trial({k: dists[k].encode(v) for k, v in params.items()})
+    study.set_user_attr("space_source", space.source)
+    study.set_user_attr("base_values", space.base_values)
+    study.set_user_attr("space", space.doc)
+
+
+def stored_doc(study: Any, url: str) -> Any:
+    """The space the study stored; a worker started with the one that made it waits for it a moment."""
+    deadline = time.monotonic() + STUDY_READY_S
+    while (doc := study.user_attrs.get("space")) is None:
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"study {study.study_name!r} in {shown(url)} stores no search space: not made by tune.py, or its "
+                f"maker stopped before storing it; use a new --study name"
+            )
+        time.sleep(0.5)
+    return doc
 
 
 def stored_space(study: Any) -> Space:
@@ -192,13 +228,47 @@ def counted_trials(study: Any) -> int:
     return sum(1 for t in trials if t.state in counted or "fail_reason" in t.user_attrs)
 
 
-def work(study: Any, space: Space, study_dir: Path, n_trials: int, poll: float, tag: str) -> int:
+def work(study: Any, objective: Objective, n_trials: int) -> int:
     """One worker: trials one after the other until the study holds n_trials. Workers that check at the same
-    moment may each start one more."""
-    objective = Objective(space, study_dir, poll, tag)
+    moment may each start one more. A trial the study has ended already (another worker failed it: its heartbeats
+    were late) is one line, and the worker goes on with the next trial."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages._heartbeat import get_heartbeat_thread  # what study.optimize runs beside a trial
+    from optuna.trial import TrialState
+
     while counted_trials(study) < n_trials:
-        study.optimize(objective, n_trials=1, catch=(TrialFailed,))
+        trial = study.ask()  # an enqueued trial, claimed by this worker alone (make_storage), or a sampled one
+        try:
+            with get_heartbeat_thread(trial._trial_id, study._storage):
+                state, value = objective(trial)
+        except UpdateFinishedTrialError:  # from a report or an attribute while it trained: its trainer is stopped
+            disowned(study, trial, "its training was stopped", objective.say)
+            continue
+        except BaseException:  # Ctrl-C, SIGTERM or a fault: recorded as failed, then the worker stops
+            finish(study, trial, TrialState.FAIL, None, objective.say)
+            raise
+        finish(study, trial, state, value, objective.say)
     return 0
+
+
+def finish(study: Any, trial: Any, state: Any, value: Optional[float], say: Callable[[str], None]) -> None:
+    """Record the trial's end; the study's record stands where it has the trial ended already."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    try:
+        if study.tell(trial, value, state=state, skip_if_finished=True).state == state:
+            return
+    except UpdateFinishedTrialError:  # ended by another worker between tell's check and its write
+        pass
+    disowned(study, trial, f"this worker's {state.name} is not recorded", say)
+
+
+def disowned(study: Any, trial: Any, outcome: str, say: Callable[[str], None]) -> None:
+    recorded = next(t.state.name for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+    say(
+        f"trial {trial.number}: the study has it {recorded} already (ended by another worker, whose check found "
+        f"its heartbeats late); {outcome}, next trial"
+    )
 
 
 class StopOnSignal:

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from tune_space import ROOT, Space, env_file_name, normalised, write_preset
 
@@ -36,8 +36,12 @@ class Objective:
     def __init__(self, space: Space, study_dir: Path, poll: float, tag: str) -> None:
         self.space, self.study_dir, self.poll, self.tag = space, study_dir, poll, tag
 
-    def __call__(self, trial: Any) -> float:
+    def __call__(self, trial: Any) -> tuple[Any, Optional[float]]:
+        """The trial's end for optuna: (COMPLETE, its score), (PRUNED, None) or (FAIL, None). KeyboardInterrupt
+        (Ctrl-C, SIGTERM) passes, as does optuna's UpdateFinishedTrialError when the study ended the trial meanwhile;
+        the trainer is stopped either way."""
         import optuna
+        from optuna.trial import TrialState
 
         params = {d.name: d.suggest(trial) for d in self.space.params}
         trial_dir = self.study_dir / f"trial_{trial.number:04d}"
@@ -50,19 +54,19 @@ class Objective:
             for k, env_id in enumerate(self.space.envs):
                 scores.append(self.train_env(trial, params, trial_dir, k, env_id, scores))
         except TrialFailed as e:
-            trial.set_user_attr("fail_reason", str(e))
             self.say(f"trial {trial.number} failed after {time.monotonic() - start:.0f} s: {e}")
-            raise
+            trial.set_user_attr("fail_reason", str(e))
+            return TrialState.FAIL, None
         except optuna.TrialPruned as e:
             self.say(f"trial {trial.number} pruned after {time.monotonic() - start:.0f} s: {e}")
-            raise
+            return TrialState.PRUNED, None
         except KeyboardInterrupt:
             trial.set_user_attr("interrupted", True)
             self.say(f"trial {trial.number} interrupted; it does not count towards --n-trials")
             raise
         value = sum(scores) / len(scores)
         self.say(f"trial {trial.number} complete after {time.monotonic() - start:.0f} s: score {value:.4g}")
-        return value
+        return TrialState.COMPLETE, value
 
     def train_env(self, trial: Any, params: dict, trial_dir: Path, k: int, env_id: str, done: list[float]) -> float:
         values = self.space.trial_values(params, env_id)

@@ -1,0 +1,176 @@
+"""scripts/tune.py with workers that share a study (issue 29): each enqueued trial is run by one worker only, a new
+study is made once by the workers started at once, and a worker whose trial another worker ended says so in one
+line and goes on. Without the claim made atomic on SQLite, two workers took the same enqueued trial and the second
+to end it crashed ('Cannot tell a FAIL trial')."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+optuna = pytest.importorskip("optuna")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import tune  # noqa: E402
+from test_tune import ENV, TINY  # noqa: E402
+from tune_space import load_space  # noqa: E402
+
+CORES = os.cpu_count() or 2
+
+
+def refused(learning_rate: float) -> dict:
+    return {"learning_rate": round(learning_rate, 6), "rollout_length": 48, "num_minibatches": 64}
+
+
+# Every trial of this space is refused by train.py within seconds (a round of 48 x 2 samples does not split into 64
+# mini-batches, exit 2), so the workers claim a trial every few seconds each: the claims collide more often than
+# in a real search, whose trials take minutes. Failed trials count towards --n-trials; the study goes on.
+REFUSED = {
+    **TINY,
+    "params": {
+        "learning_rate": {"type": "float", "low": 1.0e-4, "high": 1.0e-3, "log": True},
+        "rollout_length": {"type": "categorical", "choices": [48]},
+        "num_minibatches": {"type": "categorical", "choices": [64]},
+    },
+}
+REFUSED["enqueue"] = [refused(1.0e-4 * (1 + k / 2)) for k in range(12)]
+
+# A worker of a study started at the same moment as the others (after a barrier of files): it opens the study as
+# tune.py does, then claims and ends trials as fast as it can; it prints the numbers of the trials it got.
+CLAIMER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import optuna, tune
+from tune_space import load_space
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+url, space, folder = sys.argv[2], load_space(sys.argv[3]), Path(sys.argv[4])
+worker, n = int(sys.argv[5]), int(sys.argv[6])
+(folder / f"ready_{worker}").touch()
+while not (folder / "go").exists():
+    time.sleep(0.001)
+study = tune.open_study(url, "race", space, 0, worker, 60, create=True)
+got = []
+for _ in range(n):
+    trial = study.ask()
+    got.append(trial.number)
+    study.tell(trial, 0.0)
+print(*got)
+"""
+
+
+def test_workers_started_at_once_make_the_study_once_and_claim_each_enqueued_trial_once(tmp_path):
+    """Six processes open a new study at the same instant and claim trials in a tight loop: the study's enqueued
+    trials are enqueued once, and no trial number is handed to two processes."""
+    doc = dict(REFUSED, enqueue=[refused(1.0e-4 * (1 + k / 4)) for k in range(24)])
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(doc))
+    url, workers, each = f"sqlite:///{tmp_path / 'race.db'}", 6, 6
+    args = [str(ROOT / "scripts"), url, str(tmp_path / "space.yaml"), str(tmp_path)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, *args, str(i), str(each)],
+            cwd=ROOT,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(workers)
+    ]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("ready_*"))) < workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    claimed = collections.Counter(int(n) for out, _ in outs for n in out.split())
+    assert sum(claimed.values()) == workers * each
+    assert [n for n, times in claimed.items() if times > 1] == []
+    trials = optuna.load_study(study_name="race", storage=url).get_trials()
+    enqueued = [t.system_attrs["fixed_params"]["learning_rate"] for t in trials if "fixed_params" in t.system_attrs]
+    assert sorted(enqueued) == sorted(p["learning_rate"] for p in doc["enqueue"])  # each once, none twice
+    assert len(trials) == workers * each and {t.state.name for t in trials} == {"COMPLETE"}
+
+
+STARTED = re.compile(r"^\[worker (\d+)\] trial (\d+) started: ", re.M)
+
+
+def test_many_workers_on_a_loaded_machine_never_run_a_trial_twice(tmp_path):
+    """The tiny study's search, three times over, with more workers than cores, six enqueued trials, and the
+    machine loaded by as many busy processes as it has cores: every trial number is started by one worker, the
+    enqueued parameter sets are each tried once, and every worker exits 0."""
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(REFUSED))
+    workers, n_trials = 4 * CORES, 12
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(CORES)]
+    try:
+        for run in range(3):
+            out = tmp_path / f"out{run}"
+            cmd = [sys.executable, "scripts/tune.py", "--space", tmp_path / "space.yaml", "--study", "stress"]
+            cmd += ["--out", out, "--poll", "0.3", "--n-trials", n_trials, "--workers", workers, "--seed", run]
+            proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+            started = collections.Counter(int(n) for _, n in STARTED.findall(proc.stdout))
+            assert [n for n, times in started.items() if times > 1] == [], proc.stdout
+            study = optuna.load_study(study_name="stress", storage=f"sqlite:///{out / 'stress' / 'study.db'}")
+            trials = study.get_trials()
+            assert sorted(started) == [t.number for t in trials]  # each trial of the study started once
+            assert len(trials) >= n_trials and {t.state.name for t in trials} == {"FAIL"}
+            assert all("must divide the 96 samples" in t.user_attrs["fail_reason"] for t in trials)
+            enqueued = [t.params["learning_rate"] for t in trials if "fixed_params" in t.system_attrs]
+            assert sorted(enqueued) == [p["learning_rate"] for p in REFUSED["enqueue"]]
+    finally:
+        for p in load:
+            p.kill()
+            p.wait()
+
+
+class AnotherWorkerEnds:
+    """Stands in for tune_trial.Objective: while trial 0 trains, and after trial 1 has trained, another worker
+    fails the trial (as optuna.storages.fail_stale_trials does when it finds a trial's heartbeats late); trial 0
+    then reports an evaluation, as the Monitor does."""
+
+    def __init__(self, url: str) -> None:
+        self.other = optuna.storages.RDBStorage(url)  # the other worker's own connection to the database
+        self.lines: list[str] = []
+
+    def __call__(self, trial):
+        if trial.number < 2:
+            assert self.other.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        if trial.number == 0:
+            trial.report(0.5, 64)
+        return optuna.trial.TrialState.COMPLETE, 1.0 + trial.number
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_a_trial_another_worker_ended_is_one_line_and_the_worker_goes_on(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    space = load_space(_write(tmp_path, dict(TINY, enqueue=[])))
+    study = tune.open_study(url, "tiny", space, 0, 0, 60, create=True)
+    objective = AnotherWorkerEnds(url)
+    assert tune.work(study, objective, n_trials=1) == 0  # the two failed by the other worker do not count
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "FAIL", "COMPLETE"]
+    assert study.get_trials()[2].value == 3.0
+    assert objective.lines == [
+        "trial 0: the study has it FAIL already (ended by another worker, whose check found its heartbeats late); "
+        "its training was stopped, next trial",
+        "trial 1: the study has it FAIL already (ended by another worker, whose check found its heartbeats late); "
+        "this worker's COMPLETE is not recorded, next trial",
+    ]
+
+
+def _write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
