@@ -37,6 +37,16 @@ from ppo_ddp.config import ConfigError, missing_extra  # noqa: E402
 
 PROG = "tune.py"
 SQLITE_BUSY_TIMEOUT_S = 60  # workers sharing a SQLite file wait this long for its lock instead of failing
+# The pip package of each database driver SQLAlchemy may pick for a --storage URL (postgresql://, mysql://, or
+# postgresql+psycopg2:// and such); quoted where a shell would read the brackets.
+DRIVER_PACKAGES = {
+    "psycopg": "'psycopg[binary]'",
+    "psycopg2": "psycopg2-binary",
+    "pg8000": "pg8000",
+    "mysqldb": "mysqlclient",
+    "pymysql": "PyMySQL",
+    "mysqlconnector": "mysql-connector-python",
+}
 STUDY_READY_S = 30  # a worker that finds the study just made waits this long for its maker to store the space
 
 
@@ -86,6 +96,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     url = args.storage or f"sqlite:///{study_dir / 'study.db'}"
     if args.report and not args.storage and not (study_dir / "study.db").exists():
         fail(f"study={args.study!r}: no database {study_dir / 'study.db'} (see --out and --storage)")
+    if problem := missing_driver(url):
+        fail(problem)
     study_dir.mkdir(parents=True, exist_ok=True)
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -123,6 +135,23 @@ def shown(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not a URL sqlalchemy reads: the message about it says so
         return url
+
+
+def missing_driver(url: str) -> Optional[str]:
+    """What to pip install when the database driver a --storage URL needs is missing (SQLAlchemy picks it from
+    the URL: postgresql:// is psycopg 3 from SQLAlchemy 2.1 on, psycopg2 before it)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        dialect = make_url(url).get_dialect()
+    except Exception:  # not a URL sqlalchemy reads, or a database it does not know: opening it says so
+        return None
+    try:
+        dialect.import_dbapi()
+    except ImportError:
+        package = DRIVER_PACKAGES.get(dialect.driver, dialect.driver)
+        return f"storage={shown(url)!r}: needs the database driver {dialect.driver}: pip install {package}"
+    return None
 
 
 def make_storage(url: str, heartbeat: int) -> Any:

@@ -1,7 +1,7 @@
 """scripts/tune.py with workers that share a study (issue 29): each enqueued trial is run by one worker only, a new
-study is made once by the workers started at once, and a worker whose trial another worker ended says so in one
-line and goes on. Without the claim made atomic on SQLite, two workers took the same enqueued trial and the second
-to end it crashed ('Cannot tell a FAIL trial')."""
+study is made once by the workers started at once, a worker whose trial another worker ended says so in one line
+and goes on, and a --storage URL whose driver is missing names the pip command. Without the claim made atomic on
+SQLite, two workers took the same enqueued trial and the second to end it crashed ('Cannot tell a FAIL trial')."""
 
 from __future__ import annotations
 
@@ -54,12 +54,12 @@ sys.path.insert(0, sys.argv[1])
 import optuna, tune
 from tune_space import load_space
 optuna.logging.set_verbosity(optuna.logging.ERROR)
-url, space, folder = sys.argv[2], load_space(sys.argv[3]), Path(sys.argv[4])
-worker, n = int(sys.argv[5]), int(sys.argv[6])
+url, name, space, folder = sys.argv[2], sys.argv[3], load_space(sys.argv[4]), Path(sys.argv[5])
+worker, n = int(sys.argv[6]), int(sys.argv[7])
 (folder / f"ready_{worker}").touch()
 while not (folder / "go").exists():
     time.sleep(0.001)
-study = tune.open_study(url, "race", space, 0, worker, 60, create=True)
+study = tune.open_study(url, name, space, 0, worker, 60, create=True)
 got = []
 for _ in range(n):
     trial = study.ask()
@@ -69,13 +69,29 @@ print(*got)
 """
 
 
-def test_workers_started_at_once_make_the_study_once_and_claim_each_enqueued_trial_once(tmp_path):
+# The README's story for machines that share a study: a database server. Set TUNE_TEST_POSTGRES_URL (a database
+# URL optuna accepts, e.g. postgresql://postgres@127.0.0.1:5433/tune; pip install psycopg2-binary) to run the
+# claims against one too.
+STORAGES = [
+    "sqlite",
+    pytest.param(
+        "server",
+        marks=pytest.mark.skipif(
+            not os.environ.get("TUNE_TEST_POSTGRES_URL"), reason="needs TUNE_TEST_POSTGRES_URL: a PostgreSQL database"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_workers_started_at_once_make_the_study_once_and_claim_each_enqueued_trial_once(tmp_path, storage):
     """Six processes open a new study at the same instant and claim trials in a tight loop: the study's enqueued
     trials are enqueued once, and no trial number is handed to two processes."""
     doc = dict(REFUSED, enqueue=[refused(1.0e-4 * (1 + k / 4)) for k in range(24)])
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(doc))
-    url, workers, each = f"sqlite:///{tmp_path / 'race.db'}", 6, 6
-    args = [str(ROOT / "scripts"), url, str(tmp_path / "space.yaml"), str(tmp_path)]
+    url = f"sqlite:///{tmp_path / 'race.db'}" if storage == "sqlite" else os.environ["TUNE_TEST_POSTGRES_URL"]
+    name, workers, each = f"race-{tmp_path.name}-{os.getpid()}-{time.time_ns()}", 6, 6  # new in a shared database
+    args = [str(ROOT / "scripts"), url, name, str(tmp_path / "space.yaml"), str(tmp_path)]
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CLAIMER, *args, str(i), str(each)],
@@ -96,7 +112,7 @@ def test_workers_started_at_once_make_the_study_once_and_claim_each_enqueued_tri
     claimed = collections.Counter(int(n) for out, _ in outs for n in out.split())
     assert sum(claimed.values()) == workers * each
     assert [n for n, times in claimed.items() if times > 1] == []
-    trials = optuna.load_study(study_name="race", storage=url).get_trials()
+    trials = optuna.load_study(study_name=name, storage=url).get_trials()
     enqueued = [t.system_attrs["fixed_params"]["learning_rate"] for t in trials if "fixed_params" in t.system_attrs]
     assert sorted(enqueued) == sorted(p["learning_rate"] for p in doc["enqueue"])  # each once, none twice
     assert len(trials) == workers * each and {t.state.name for t in trials} == {"COMPLETE"}
@@ -154,6 +170,7 @@ class AnotherWorkerEnds:
         self.lines.append(text)
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning", "ignore:Heartbeat of storage")
 def test_a_trial_another_worker_ended_is_one_line_and_the_worker_goes_on(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     space = load_space(_write(tmp_path, dict(TINY, enqueue=[])))
@@ -174,3 +191,22 @@ def _write(tmp_path: Path, doc: dict) -> Path:
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def test_a_storage_whose_driver_is_missing_says_what_to_install(tmp_path):
+    """The README's server URL with its driver not installed (postgresql:// is psycopg 3 in SQLAlchemy 2.1): one
+    line with the pip command, the password hidden, exit 2."""
+    without_psycopg = (
+        "import runpy, sys; sys.modules['psycopg'] = None; sys.argv = sys.argv[1:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    url = "postgresql://user:secret@localhost/db"
+    cmd = [sys.executable, "-c", without_psycopg, "scripts/tune.py", "--study", "x", "--report", "--storage", url]
+    proc = subprocess.run(
+        [*cmd, "--out", str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and proc.stdout == "" and list(tmp_path.iterdir()) == []
+    assert proc.stderr == (
+        "tune.py: error: storage='postgresql://user:***@localhost/db': needs the database driver psycopg: "
+        "pip install 'psycopg[binary]'\n"
+    )
