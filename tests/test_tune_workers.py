@@ -122,7 +122,7 @@ STARTED = re.compile(r"^\[worker (\d+)\] trial (\d+) started: ", re.M)
 
 
 def test_many_workers_on_a_loaded_machine_never_run_a_trial_twice(tmp_path):
-    """The tiny study's search, three times over, with more workers than cores, six enqueued trials, and the
+    """The tiny study's search, three times over, with 4 workers per core, twelve enqueued trials, and the
     machine loaded by as many busy processes as it has cores: every trial number is started by one worker, the
     enqueued parameter sets are each tried once, and every worker exits 0."""
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(REFUSED))
