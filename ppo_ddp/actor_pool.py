@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -32,6 +33,7 @@ import torch
 from ppo_ddp.actor import IGNORED_SIGNALS, ActorArgs, ActorReport, actor_main
 from ppo_ddp.buffers import BufferSpec, SharedBuffers
 from ppo_ddp.config import Config
+from ppo_ddp.learner import RolloutBatch
 from ppo_ddp.model import ActorCritic, num_parameters, write_flat_parameters
 from ppo_ddp.normalization import Moments
 
@@ -130,6 +132,15 @@ def describe_exit(exitcode: Optional[int]) -> str:
         except ValueError:
             pass
     return f"exit code {exitcode}"
+
+
+@dataclass
+class Rollout:
+    """This rank's round of experience: the actors' reports and the batch that views (CPU) or copies it."""
+
+    reports: list[ActorReport]
+    batch: RolloutBatch
+    seconds: float
 
 
 class ActorPool:

@@ -311,7 +311,7 @@ def _restore_rank(
     learner.optimizer.load_state_dict(weights["optimizer"])
     # The optimizer state carries the rate it last used; the command line's wins (with anneal_lr or adaptive_lr
     # the next round sets the schedule's: the adapted rate is in the run state).
-    saved_lr = learner.optimizer.param_groups[0]["lr"]
+    saved_lr = learner.learning_rate
     learner.set_learning_rate(cfg.learning_rate)
     if not (cfg.anneal_lr or cfg.adaptive_lr) and saved_lr != cfg.learning_rate and ctx.is_main:
         notes.append(f"learning_rate {cfg.learning_rate:g} (this run's) replaces the checkpoint's {saved_lr:g}")

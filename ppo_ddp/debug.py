@@ -56,7 +56,7 @@ class RoundRecorder:
                 "returns": pool.buffers.returns.clone(),
                 "values": pool.buffers.values.clone(),
                 "value_rms": run.value_rms.to_state() if run.value_rms else None,
-                "learning_rate": trainer.learner.optimizer.param_groups[0]["lr"],
+                "learning_rate": trainer.learner.learning_rate,
                 "adv_stats": adv_stats,
                 "obs_increments": [r.obs_moments.to_state() for r in reports],
                 "rank": ctx.rank,

@@ -9,8 +9,10 @@ from typing import Optional
 
 import torch
 
+from ppo_ddp import compiled
 from ppo_ddp.config import Config
 from ppo_ddp.model import ActorCritic, flatten_parameters_
+from ppo_ddp.ppo_step import FlatAdam, Minibatch, PPOStep
 
 
 @dataclass
@@ -94,9 +96,12 @@ def adapted_learning_rate(lr: float, kl: float, kl_target: float) -> float:
 
 
 class Learner:
-    """PPO on one rank. With cfg.sync_mode "gradients", `rank_mean` averages the flat gradient over ranks at every
-    mini-batch step and the early-stop KL at every epoch, so all ranks take the same steps; the learner itself
-    knows nothing of torch.distributed."""
+    """PPO on one rank: the epochs, the shuffling and the metrics around the mini-batch step of ppo_ddp/ppo_step.py.
+
+    With cfg.sync_mode "gradients", `rank_mean` averages the flat gradient over ranks between the step's two
+    parts (gradient, then clip and Adam) and the early-stop KL at every epoch, so all ranks take the same
+    steps; the learner itself knows nothing of torch.distributed.
+    """
 
     def __init__(
         self, cfg: Config, model: ActorCritic, device: torch.device, rank_mean: RankMean = _no_other_ranks
@@ -106,16 +111,46 @@ class Learner:
         self.device = device
         self.sync_gradients = cfg.sync_mode == "gradients"
         self.rank_mean = rank_mean
-        # One flat parameter (see flatten_parameters_) and the fused Adam: one kernel a step on CPU and CUDA,
-        # where a per-tensor Adam on 2L+1 small tensors is a few dozen ops of dispatch overhead.
-        self.flat_params, self.flat_grads = flatten_parameters_(model)
-        self.optimizer = torch.optim.Adam([self.flat_params], lr=cfg.learning_rate, eps=1e-5, fused=True)
+        self.flat_params = flatten_parameters_(model)
+        self.params = self.flat_params.detach()  # what the step updates in place; the model's parameters view it
+        self.optimizer = FlatAdam(self.params, cfg.learning_rate)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(cfg.seed)
+        # The step's parts as they run: the functions themselves (eager) until compile() replaces them.
+        self.ppo = PPOStep(cfg, model)
+        self.step, self.gradient, self.apply = self.ppo, self.ppo.gradient, self.ppo.apply
+
+    def compile(self, minibatch_size: int) -> Optional[str]:
+        """Compile the step for mini-batches of this size (the run's only shape) and run it once, so that the first
+        round pays nothing; returns None, or why the step stays eager (the learner then trains eagerly)."""
+        dims = ((self.model.obs_dim,), (self.model.act_dim,), (), (), (), ())
+        example = Minibatch(*(torch.zeros(minibatch_size, *d, device=self.device) for d in dims))
+        if self.sync_gradients:  # the all_reduce between the two parts stays outside the compiled graphs
+
+            def warm_up(gradient: Callable, apply: Callable) -> None:
+                apply(self.params, gradient(self.params, example)[0], self.optimizer)
+
+            parts, problem = compiled.compile_functions([self.ppo.gradient, self.ppo.apply], warm_up, self._state())
+            self.gradient, self.apply = parts
+        else:
+
+            def warm_up(step: Callable) -> None:
+                step(self.params, self.optimizer, example)
+
+            (self.step,), problem = compiled.compile_functions([self.ppo], warm_up, self._state())
+        return problem
+
+    def _state(self) -> list[torch.Tensor]:
+        """The tensors a step changes: compile() runs one on example data and puts them back as they were."""
+        adam = self.optimizer
+        return [self.params, adam.exp_avg, adam.exp_avg_sq, adam.step]
 
     def set_learning_rate(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.optimizer.set_lr(lr)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.lr_value
 
     def train_step(
         self, batch: RolloutBatch, global_mean_std: GlobalMeanStd, value_stats: Optional[tuple[float, float]] = None
@@ -150,7 +185,9 @@ class Learner:
             for column, out in zip(columns, shuffled):
                 torch.index_select(column, 0, permutation, out=out)
             for start in range(0, buffer_size, minibatch_size):
-                step_losses, log_ratio = self._minibatch_step(*(c[start : start + minibatch_size] for c in shuffled))
+                step_losses, log_ratio = self._minibatch_step(
+                    Minibatch(*(c[start : start + minibatch_size] for c in shuffled))
+                )
                 losses.append(step_losses)
                 log_ratios.append(log_ratio)
             epochs_done += 1
@@ -176,40 +213,17 @@ class Learner:
             "losses/explained_variance": explained_var,
             "losses/epochs": float(epochs_done),
             "charts/buffer_size": float(buffer_size),
-            "charts/learning_rate": self.optimizer.param_groups[0]["lr"],
+            "charts/learning_rate": self.learning_rate,
         }
 
-    def _minibatch_step(
-        self,
-        obs: torch.Tensor,
-        actions: torch.Tensor,
-        old_logp: torch.Tensor,
-        old_values: torch.Tensor,
-        neg_adv: torch.Tensor,
-        returns: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One clipped-PPO gradient step on one mini-batch; ([pg_loss, v_loss, entropy], log-ratio), detached."""
-        cfg = self.cfg
-        new_logp, entropy, new_value = self.model.evaluate(obs, actions)
-        log_ratio = new_logp - old_logp
-        ratio = log_ratio.exp()
-        pg_loss = torch.max(neg_adv * ratio, neg_adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-
-        if cfg.clip_vloss:
-            clipped = old_values + (new_value - old_values).clamp(-cfg.clip_coef, cfg.clip_coef)
-            v_loss = 0.5 * torch.max((new_value - returns).pow(2), (clipped - returns).pow(2)).mean()
-        else:
-            v_loss = 0.5 * (new_value - returns).pow(2).mean()
-        loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
-
-        self.flat_grads.zero_()
-        loss.backward()
-        if self.sync_gradients:
-            self.rank_mean(self.flat_grads)  # one all_reduce: every rank then clips and steps the same gradient
-        grad_norm = torch.linalg.vector_norm(self.flat_grads)  # clip_grad_norm_ of all parameters, in two ops
-        self.flat_grads.mul_((cfg.max_grad_norm / (grad_norm + 1e-6)).clamp(max=1.0))
-        self.optimizer.step()
-        return torch.stack([pg_loss, v_loss, entropy]).detach(), log_ratio.detach()
+    def _minibatch_step(self, mb: Minibatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """One clipped-PPO step on one mini-batch; ([pg_loss, v_loss, entropy], log-ratio), detached."""
+        if not self.sync_gradients:
+            return self.step(self.params, self.optimizer, mb)
+        grad, stats, log_ratio = self.gradient(self.params, mb)
+        self.rank_mean(grad)  # one all_reduce: every rank then clips and steps the same gradient
+        self.apply(self.params, grad, self.optimizer)
+        return stats, log_ratio
 
     def _epoch_kl(self, log_ratios: list[torch.Tensor]) -> float:
         """The epoch's approximate KL for the early stop; averaged over ranks when they step together, so that

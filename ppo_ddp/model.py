@@ -86,6 +86,10 @@ class ActorCritic(nn.Module):
         action = mean + noise * torch.exp(self.actor_logstd)
         return action, gaussian_log_prob(mean, self.actor_logstd, action), self.value(obs)
 
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """evaluate(): what torch.func.functional_call runs for the PPO step (ppo_ddp/ppo_step.py)."""
+        return self.evaluate(obs, action)
+
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log-prob of action, entropy, value) under the current parameters, for the PPO loss.
 
@@ -107,23 +111,18 @@ def flat_views(model: nn.Module, flat: torch.Tensor) -> Iterator[tuple[nn.Parame
 
 
 @torch.no_grad()
-def flatten_parameters_(model: nn.Module) -> tuple[nn.Parameter, torch.Tensor]:
-    """Move the parameters and their gradients into two flat buffers, in model.parameters() order.
+def flatten_parameters_(model: nn.Module) -> nn.Parameter:
+    """Move the parameters into one flat buffer, in model.parameters() order, and return it.
 
-    Every parameter stays an nn.Parameter of the model but becomes a view of the returned flat Parameter,
-    and its .grad a view of the returned flat gradient, which backward accumulates into in place (it adds
-    to a .grad that exists). An optimizer given only the flat Parameter then steps one tensor instead of
-    2L+1 small ones: for a 64x64 MLP on CPU, where the update is all per-op overhead, the fused Adam's
-    step drops from ~150 µs to ~22 µs (docs/benchmarks/throughput.md).
-    Call it once the model is on its device; clear gradients with flat_grad.zero_(), never by setting
-    them to None (that would cut them loose from the buffer).
+    Every parameter stays an nn.Parameter of the model but becomes a view of the returned flat Parameter, so the
+    PPO step (ppo_ddp/ppo_step.py) updates the whole model as one tensor, the weight average is one all_reduce,
+    and the model's own forward, state_dict and load_state_dict see the flat buffer's values.
+    Call it once the model is on its device.
     """
     flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
-    flat_grad = torch.zeros_like(flat)
-    flat.grad = flat_grad
-    for (p, data), (_, grad) in zip(flat_views(model, flat.data), flat_views(model, flat_grad)):
-        p.data, p.grad = data, grad
-    return flat, flat_grad
+    for p, data in flat_views(model, flat.data):
+        p.data = data
+    return flat
 
 
 def num_parameters(model: nn.Module) -> int:

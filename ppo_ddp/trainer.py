@@ -17,10 +17,8 @@ import contextlib
 import copy
 import functools
 import math
-import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -28,9 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ppo_ddp import compiled
 from ppo_ddp import distributed as D
-from ppo_ddp.actor import ActorReport
-from ppo_ddp.actor_pool import ActorPool
+from ppo_ddp.actor_pool import ActorPool, Rollout
 from ppo_ddp.agreement import Agreement, RunFailed, Stopped
 from ppo_ddp.buffers import BufferSpec
 from ppo_ddp.capacity import available_memory, check_round_fits, free_shared_memory
@@ -45,15 +43,7 @@ from ppo_ddp.model import ActorCritic, num_parameters
 from ppo_ddp.normalization import merge_rms_states, tensor_moments, value_scale
 from ppo_ddp.run_log import RunLogger, format_duration, open_run_folder
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
-
-
-@dataclass
-class Rollout:
-    """This rank's round of experience: the actors' reports and the batch that views (CPU) or copies it."""
-
-    reports: list[ActorReport]
-    batch: RolloutBatch
-    seconds: float
+from ppo_ddp.topology import cpu_learner_threads
 
 
 class Trainer:
@@ -66,14 +56,7 @@ class Trainer:
         obs_dim, act_dim = int(np.prod(self.obs_shape)), int(np.prod(probe.action_space.shape))
         probe.close()
         if ctx.device.type == "cpu":
-            # Mini-batches of a small MLP are too small to split across cores: OpenMP's hand-offs cost more than
-            # they save, and badly so when actors or other ranks hold the other cores (measured: 0.9 s with one
-            # thread against 4-13 s with two for a default round's update on a busy 2-core machine). torchrun
-            # sets OMP_NUM_THREADS=1 for the same reason. Large mini-batches gain from the cores the idle actors
-            # leave: cfg.learner_threads, at most this learner's share of the cores (several ranks on one machine
-            # update at the same time).
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            torch.set_num_threads(max(1, min(cfg.learner_threads, cores // ctx.local_world_size)))
+            torch.set_num_threads(cpu_learner_threads(cfg.learner_threads, ctx.local_world_size))
         torch.manual_seed(cfg.seed)
         self.model = ActorCritic.from_config(cfg, obs_dim, act_dim).to(ctx.device)
         D.broadcast_parameters(ctx, self.model)
@@ -119,6 +102,7 @@ class Trainer:
                     self.evaluator = self.agreement.own_work(lambda: stack.enter_context(evaluator()))
                 self.agreement.settle()
                 self._say_start(notes)
+                self._compile()
                 stopped = self._rounds(self.pool)
                 if stopped:
                     ckpt.save_at_stop(self.learner, self.run)
@@ -256,7 +240,7 @@ class Trainer:
         improved = run.add_episodes([ret for ret, _ in episodes])
         run.iteration, run.global_step = iteration, run.global_step + self.steps_per_round
         if self.cfg.adaptive_lr:  # the next round's rate, from the KL averaged over ranks: the same on every rank
-            rate = self.learner.optimizer.param_groups[0]["lr"]
+            rate = self.learner.learning_rate
             run.learning_rate = adapted_learning_rate(rate, metrics["losses/approx_kl"], self.cfg.lr_kl_target)
         run.noise_states = [torch.from_numpy(r.noise_state) for r in rollout.reports]  # tensors: weights_only
         elapsed = time.time() - self.start_time  # since this process started training; benchmarks read it
@@ -341,6 +325,19 @@ class Trainer:
         left = cfg.total_timesteps - run.global_step - (self.steps_per_round if seeding else 0)
         self.num_iterations = run.iteration + max(0, math.ceil(left / self.steps_per_round))
         self.seeding = seeding and self.num_iterations > run.iteration
+
+    def _compile(self) -> None:
+        """Every rank compiles its own PPO step before the first round (one that cannot trains eagerly); rank 0 says
+        how it went."""
+        if not self.cfg.compile:
+            return
+        minibatch = self.actors * self.cfg.envs_per_actor * self.cfg.rollout_length // self.cfg.num_minibatches
+        if self.logger is not None:
+            self.logger.message(compiled.starting(minibatch))
+        start = time.time()
+        problems = D.gather_to_main(self.ctx, self.learner.compile(minibatch))
+        if self.logger is not None:
+            compiled.report(problems, time.time() - start, self.logger.message)
 
     def _open_outputs(self, stack: contextlib.ExitStack) -> RunLogger:
         """Rank 0: the run folder, config.yaml, TensorBoard and metrics.csv."""

@@ -35,25 +35,34 @@ step "evaluate a checkpoint written on the GPU"
 python3 -m ppo_ddp.evaluate "$OUT/runs/py1/model_py1.pt" --episodes 2 || echo "FAILED rc=$?"
 MUJOCO_GL=egl python3 -m ppo_ddp.evaluate "$OUT/runs/py1/model_py1.pt" --episodes 1 --video "$OUT/video"; echo "video rc=$?"
 
-step "PPO update of one default round, cpu vs cuda"
+step "PPO update of one default round, cpu vs cuda, eager vs compiled (the compile's seconds included once)"
 python3 - <<'PY'
 import time, torch
 from ppo_ddp.config import Config
 from ppo_ddp.learner import Learner, RolloutBatch
 from ppo_ddp.model import ActorCritic
 for dev in ("cpu", "cuda"):
-    torch.set_num_threads(1)
-    d = torch.device(dev)
-    m = ActorCritic(17, 6).to(d); l = Learner(Config(), m, d)
-    obs = torch.randn(2048, 17, device=d)
-    with torch.no_grad(): a, lp, v = m.sample(obs)
-    b = RolloutBatch(obs, a, lp, v, torch.randn(2048, device=d), torch.randn(2048, device=d))
-    stats = lambda x: (x.mean().item(), x.std().item())
-    l.train_step(b, stats)
-    if dev == "cuda": torch.cuda.synchronize()
-    t = time.perf_counter(); l.train_step(b, stats)
-    if dev == "cuda": torch.cuda.synchronize()
-    print(f"{dev}: {time.perf_counter() - t:.3f} s per round update (320 mini-batches)")
+    for compiled in (False, True):
+        torch.set_num_threads(1)
+        d = torch.device(dev)
+        m = ActorCritic(17, 6).to(d); l = Learner(Config(), m, d)
+        t = time.perf_counter()
+        problem = l.compile(64) if compiled else None
+        took = time.perf_counter() - t
+        obs = torch.randn(2048, 17, device=d)
+        with torch.no_grad(): a, lp, v = m.sample(obs)
+        b = RolloutBatch(obs, a, lp, v, torch.randn(2048, device=d), torch.randn(2048, device=d))
+        stats = lambda x: (x.mean().item(), x.std().item())
+        l.train_step(b, stats)
+        times = []
+        for _ in range(5):
+            if dev == "cuda": torch.cuda.synchronize()
+            t = time.perf_counter(); l.train_step(b, stats)
+            if dev == "cuda": torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        mode = f"compiled in {took:.1f} s" if compiled else "eager"
+        print(f"{dev} {mode}: {min(times):.4f} s per round update (320 mini-batches, best of 5)"
+              + (f"; did not compile: {problem}" if problem else ""))
 PY
 
 step "tests with CUDA visible (tests/test_actors.py checks the pinned buffers and the async copy): ${GPU_CHECK_TESTS:-tests}"

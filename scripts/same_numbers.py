@@ -2,6 +2,7 @@
 
     python scripts/same_numbers.py --base REV             # REV's code (a git worktree) against the working tree
     python scripts/same_numbers.py --base REV --only solo
+    python scripts/same_numbers.py --base REV --flags=--no-compile   # this checkout's runs with extra flags
 
 For a change that must not change what the program computes (a refactoring): each tree runs
 
@@ -102,8 +103,9 @@ def _rows(path: Path) -> int:
         return 0
 
 
-def run_all(tree: Path, only: list[str]) -> None:
+def run_all(tree: Path, only: list[str], flags: tuple[str, ...] = ()) -> None:
     for base, (launcher, world, extra) in RUNS_OF.items():
+        extra = (*extra, *flags)
         if base in only:
             print(f"  {tree}: {base}", flush=True)
             shutil.rmtree(tree / RUNS / base, ignore_errors=True)
@@ -154,6 +156,12 @@ def compare(base: Path, mine: Path, name: str) -> tuple[list[str], list[str]]:
         files = [tree / RUNS / name / f"model_{name}{suffix}.pt" for tree in (base, mine)]
         a, b = (torch.load(f, map_location="cpu", weights_only=True) for f in files)
         problems += [f"{files[1].name}: {d}" for d in differences(a, b, "checkpoint", added)]
+        if suffix == "" and problems:  # how far apart: the policies' largest difference and the final returns
+            gap = max((x - y).abs().max().item() for x, y in zip(a["actor"].values(), b["actor"].values()))
+            problems.append(f"largest parameter difference {gap:.3g}")
+    last = [r[-1].get("charts/episodic_return_avg100") for r in rows]
+    if problems:
+        problems.append(f"last return_avg100 {last[0]} and {last[1]}")
     return problems, sorted(set(added))
 
 
@@ -166,6 +174,7 @@ def main() -> None:
         default=["solo", "solo_stop", "ddp", "ddp_stop"],
         choices=["solo", "solo_stop", "ddp", "ddp_stop"],
     )
+    parser.add_argument("--flags", default="", help="extra train.py flags for this checkout's runs, e.g. --no-compile")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="same_numbers_") as tmp:
         base = Path(tmp) / "base"
@@ -177,8 +186,8 @@ def main() -> None:
                 ["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True
             ).stdout.strip()
             print(f"base {revision} in {base}; this checkout {ROOT}", flush=True)
-            for tree in (base, ROOT):
-                run_all(tree, args.only)
+            run_all(base, args.only)
+            run_all(ROOT, args.only, tuple(shlex.split(args.flags)))
             failed = False
             for name in args.only:
                 problems, added = compare(base, ROOT, name)
@@ -188,7 +197,7 @@ def main() -> None:
                     + (
                         "the same, bit for bit (metrics.csv without timings; latest and best checkpoints)"
                         if not problems
-                        else "DIFFERENT: " + "; ".join(problems[:10])
+                        else "DIFFERENT: " + "; ".join(problems[:10] + problems[-2:])
                     )
                     + (f" (new keys in this checkout's checkpoints: {', '.join(added)})" if added else ""),
                     flush=True,

@@ -48,7 +48,7 @@ def _worker(rank: int, port: int, results) -> None:
             # Different weights per rank (different seeds), then one average.
             torch.manual_seed(100 + rank)
             model = ActorCritic(5, 2)
-            flat, _ = flatten_parameters_(model)  # as the learner holds them
+            flat = flatten_parameters_(model)  # as the learner holds them
             out["before"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
             D.average_(ctx, flat)
             out["after"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()

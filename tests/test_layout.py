@@ -24,6 +24,8 @@ LAYERS = [
     "actor",
     "distributed",
     "learner",
+    "compiled",
+    "ppo_step",
     "capacity",
     "buffers",
     "signals",

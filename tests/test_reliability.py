@@ -499,7 +499,7 @@ def fake_checkpoint(
     from ppo_ddp.model import ActorCritic, flatten_parameters_
 
     model = ActorCritic(obs_dim, act_dim, hidden)
-    optimizer = torch.optim.Adam(model.parameters() if per_tensor_adam else [flatten_parameters_(model)[0]])
+    optimizer = torch.optim.Adam(model.parameters() if per_tensor_adam else [flatten_parameters_(model)])
     payload = {"actor": model.state_dict(), "obs_rms_state": None}
     if not policy_only:
         cfg = Config(env_id=env_id, hidden_sizes=hidden)

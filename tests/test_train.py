@@ -232,17 +232,20 @@ def test_single_process_run_then_evaluate(tmp_path):
             "train.py",
             *SMALL,
             "--total-timesteps",
-            "192",
+            "256",
             "--runs-dir",
             str(tmp_path / "runs"),
             "--run-name",
             "solo",
         ],
         tmp_path,
+        env={"TORCH_LOGS": "recompiles"},  # dynamo logs any recompilation of the step
     )
     run_dir = tmp_path / "runs" / "solo"
-    assert len(read_csv(run_dir / "metrics.csv")) == 2  # 192 steps / 64 per round, round 0 seeding the statistics
+    assert len(read_csv(run_dir / "metrics.csv")) == 3  # 256 steps / 64 per round, round 0 seeding the statistics
     assert "done:" in proc.stdout
+    # the step compiled before the first round and never again (three rounds trained)
+    assert "compiled in" in proc.stdout and "Recompiling" not in proc.stderr, proc.stderr[-2000:]
     out = run(
         [sys.executable, "-m", "ppo_ddp.evaluate", str(run_dir / "model_solo.pt"), "--episodes", "2"],
         tmp_path,
