@@ -14,11 +14,13 @@ from typing import Optional
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ppo_ddp.config import Config
 from ppo_ddp.normalization import Moments, value_scale
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+ACTIVATION_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu}  # the same, as functions
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -50,6 +52,10 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
 
 
 class ActorCritic(nn.Module):
+    """The two MLPs and the log-std. The nn.Sequential containers hold the layers (their names are the checkpoints'
+    keys); the forward is `_mlp_forward` on the layers' tensors, so that the PPO step can run the same forward on
+    views of its flat parameter (`evaluate(..., params=)`) without swapping the module's parameters."""
+
     def __init__(
         self,
         obs_dim: int,
@@ -62,42 +68,64 @@ class ActorCritic(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r}: must be one of {', '.join(ACTIVATIONS)}")
         self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.activation = ACTIVATION_FUNCTIONS[activation]
         self.critic = _mlp(obs_dim, hidden_sizes, 1, activation, out_gain=1.0)
         self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, activation, out_gain=0.01)
         self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+        # where each part's tensors are in model.parameters() order, the order of every flat copy (flat_views)
+        names = [name for name, _ in self.named_parameters()]
+        self._log_std_at = names.index("actor_logstd")
+        self._critic_at = [i for i, name in enumerate(names) if name.startswith("critic.")]
+        self._actor_at = [i for i, name in enumerate(names) if name.startswith("actor_mean.")]
 
     @staticmethod
     def from_config(cfg: Config, obs_dim: int, act_dim: int) -> ActorCritic:
         """The network a config describes (hidden_sizes, activation, log_std_init), on the CPU."""
         return ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
 
+    def _parts(self, params: Optional[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, list, list]:
+        """(log-std, critic tensors, actor tensors) of params, or of the model's own parameters."""
+        params = list(self.parameters()) if params is None else params
+        return params[self._log_std_at], [params[i] for i in self._critic_at], [params[i] for i in self._actor_at]
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        return _mlp_forward(obs, self._parts(None)[1], self.activation).squeeze(-1)
 
     def action_mean(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor_mean(obs)
+        return _mlp_forward(obs, self._parts(None)[2], self.activation)
 
     def sample(
         self, obs: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw Normal sample, its log-prob, value) for a batch of normalised observations."""
-        mean = self.actor_mean(obs)
+        mean = self.action_mean(obs)
         noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
         action = mean + noise * torch.exp(self.actor_logstd)
         return action, gaussian_log_prob(mean, self.actor_logstd, action), self.value(obs)
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """evaluate(): what torch.func.functional_call runs for the PPO step (ppo_ddp/ppo_step.py)."""
-        return self.evaluate(obs, action)
-
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log-prob of action, entropy, value) under the current parameters, for the PPO loss.
+    def evaluate(
+        self, obs: torch.Tensor, action: torch.Tensor, params: Optional[Sequence[torch.Tensor]] = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log-prob of action, entropy, value) for the PPO loss, under the model's parameters or under `params`
+        (tensors shaped as model.parameters() and in its order: the PPO step's views of its flat parameter).
 
         The std does not depend on the observation, so neither does the entropy: it comes back as one number
         (a 0-dim tensor) that holds for every sample, not as a [B] vector of copies of it.
         """
-        mean = self.actor_mean(obs)
-        return gaussian_log_prob(mean, self.actor_logstd, action), gaussian_entropy(self.actor_logstd), self.value(obs)
+        log_std, critic, actor = self._parts(params)
+        mean = _mlp_forward(obs, actor, self.activation)
+        value = _mlp_forward(obs, critic, self.activation).squeeze(-1)
+        return gaussian_log_prob(mean, log_std, action), gaussian_entropy(log_std), value
+
+
+def _mlp_forward(x: torch.Tensor, tensors: Sequence[torch.Tensor], activation) -> torch.Tensor:
+    """An MLP from its (weight, bias) tensors in layer order, the activation between layers."""
+    layers = len(tensors) // 2
+    for i in range(layers):
+        x = F.linear(x, tensors[2 * i], tensors[2 * i + 1])
+        if i < layers - 1:
+            x = activation(x)
+    return x
 
 
 def flat_views(model: nn.Module, flat: torch.Tensor) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.func import functional_call
 
 from ppo_ddp.config import Config
 from ppo_ddp.model import ActorCritic
@@ -75,20 +74,21 @@ class FlatAdam:
 class PPOStep:
     """The clipped-PPO step of a config on a model's flat parameter (in model.parameters() order, model.flat_views).
 
-    The model itself is only the forward's structure: its parameters are replaced by views of the flat tensor
-    the step is given (torch.func.functional_call), so the step is a function of its inputs alone.
+    The model itself is only the forward's structure: it evaluates views of the flat tensor the step is given
+    (ActorCritic.evaluate's params), so the step is a function of its inputs alone.
     """
 
     def __init__(self, cfg: Config, model: ActorCritic) -> None:
         self.model = model
-        self.layout = [(name, p.shape, p.numel()) for name, p in model.named_parameters()]
+        self.shapes = [p.shape for p in model.parameters()]
+        self.sizes = [p.numel() for p in model.parameters()]
         self.clip_coef, self.clip_vloss = cfg.clip_coef, cfg.clip_vloss
         self.ent_coef, self.vf_coef, self.max_grad_norm = cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm
 
     def loss(self, params: torch.Tensor, mb: Minibatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The PPO loss at `params`; also ([pg_loss, v_loss, entropy], log-ratio) for the round's metrics."""
-        views = {name: t.view(shape) for (name, shape, _), t in zip(self.layout, params.split(self.sizes()))}
-        new_logp, entropy, new_value = functional_call(self.model, views, (mb.obs, mb.actions))
+        views = [t.view(shape) for shape, t in zip(self.shapes, params.split(self.sizes))]
+        new_logp, entropy, new_value = self.model.evaluate(mb.obs, mb.actions, views)
         log_ratio = new_logp - mb.old_logp
         ratio = log_ratio.exp()
         clipped_ratio = ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef)
@@ -100,9 +100,6 @@ class PPOStep:
             v_loss = 0.5 * (new_value - mb.returns).pow(2).mean()
         loss = pg_loss - self.ent_coef * entropy + self.vf_coef * v_loss
         return loss, (torch.stack([pg_loss, v_loss, entropy]), log_ratio)
-
-    def sizes(self) -> list[int]:
-        return [n for _, _, n in self.layout]
 
     def gradient(self, params: torch.Tensor, mb: Minibatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(flat gradient of the loss, [pg_loss, v_loss, entropy], log-ratio), all detached.
