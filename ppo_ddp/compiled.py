@@ -5,7 +5,7 @@ second implementation of it. Each is traced as one graph (`fullgraph=True`: a gr
 per-op dispatch silently) with static shapes, once per run, before the first round: a compiler error then
 leaves the run eager with a warning instead of ending it mid-training.
 
-Start-up: the first compile of a step (a config's network and mini-batch shape) takes seconds to tens of seconds
+Start-up: the first compile of a step (a config's network and mini-batch shape) took 22-25 s on the 2-core machine
 (inductor writes and builds C++ on a CPU, Triton kernels on a GPU). Inductor's on-disk caches (the FX graph and
 AOTAutograd caches, on by default, in TORCHINDUCTOR_CACHE_DIR or /tmp/torchinductor_<user>) make a second run of
 the same config skip that build; dynamo's tracing is paid again by every process. The caches write each entry
@@ -76,7 +76,7 @@ def _describe(error: Exception) -> str:
 
 
 def starting(minibatch: int) -> str:
-    return f"compiling the PPO step for mini-batches of {minibatch} (10-40 s for a new shape, seconds once cached)"
+    return f"compiling the PPO step for mini-batches of {minibatch} (~20 s for a new shape, a few once cached)"
 
 
 def report(problems: Sequence[Optional[str]], seconds: float, say: Callable[[str], None]) -> None:

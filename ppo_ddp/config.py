@@ -68,10 +68,10 @@ class Config:
     while mini-batches of 64 run fastest on one."""
     compile: bool = True
     """Compile the PPO mini-batch step (forward, loss, backward, clip and Adam) into one graph with torch.compile:
-    the default update runs 2.5-4x faster (docs/benchmarks/throughput.md). Costs 10-40 s once at start for each new
-    network and mini-batch shape, a few seconds once inductor's on-disk cache has it. Where it cannot compile
-    (no C++ compiler, an unsupported platform, a compiler error) the run says why once and trains eagerly,
-    as --no-compile does."""
+    a default round's update ran 2.8-3.9x faster on the 2-core machine (docs/benchmarks/throughput.md). Costs
+    ~20-25 s at start the first time a machine sees a network and mini-batch shape, ~5 s once inductor's on-disk
+    cache has it. Where it cannot compile (no C++ compiler, an unsupported platform, a compiler error) the run
+    says why once and trains eagerly, as --no-compile does."""
     actor_timeout: float = 60.0
     """Seconds an actor may take beyond the expected round time before the learner declares it stuck."""
 

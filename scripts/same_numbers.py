@@ -144,6 +144,7 @@ def differences(a: Any, b: Any, where: str, added: list[str]) -> list[str]:
 def compare(base: Path, mine: Path, name: str) -> tuple[list[str], list[str]]:
     """(differences, keys only this checkout's checkpoints have)."""
     problems: list[str] = []
+    summary: list[str] = []  # how far apart, when they differ
     added: list[str] = []
     rows = []
     for tree in (base, mine):
@@ -158,10 +159,10 @@ def compare(base: Path, mine: Path, name: str) -> tuple[list[str], list[str]]:
         problems += [f"{files[1].name}: {d}" for d in differences(a, b, "checkpoint", added)]
         if suffix == "" and problems:  # how far apart: the policies' largest difference and the final returns
             gap = max((x - y).abs().max().item() for x, y in zip(a["actor"].values(), b["actor"].values()))
-            problems.append(f"largest parameter difference {gap:.3g}")
+            summary.append(f"largest parameter difference {gap:.3g}")
     last = [r[-1].get("charts/episodic_return_avg100") for r in rows]
     if problems:
-        problems.append(f"last return_avg100 {last[0]} and {last[1]}")
+        problems += [*summary, f"last return_avg100 {last[0]} and {last[1]}"]
     return problems, sorted(set(added))
 
 
