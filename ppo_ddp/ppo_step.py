@@ -8,7 +8,8 @@ ppo_ddp/compiled.py, which traces this same code: there is no second copy of the
 Why one function of flat tensors: a default step (two 64-64 MLPs on 64 rows) is ~0.1 ms of arithmetic, and eager
 PyTorch spends ~5x that dispatching its few hundred small ops one by one. Compiled as one graph (forward, loss,
 backward, clip and Adam), inductor fuses them into a handful of kernels (docs/design.md, "the update").
-Every shape here is fixed for a run and the learning rate is a tensor, so nothing recompiles during a run.
+Every shape here is fixed for a run and the learning rate and coefficients are tensors, so nothing recompiles
+during a run.
 Pure math: nothing here knows of ranks or torch.distributed.
 """
 
@@ -82,23 +83,28 @@ class PPOStep:
         self.model = model
         self.shapes = [p.shape for p in model.parameters()]
         self.sizes = [p.numel() for p in model.parameters()]
-        self.clip_coef, self.clip_vloss = cfg.clip_coef, cfg.clip_vloss
-        self.ent_coef, self.vf_coef, self.max_grad_norm = cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm
+        self.clip_vloss = cfg.clip_vloss
+        # The coefficients as one tensor, an input of the compiled graph rather than constants baked into it:
+        # configs that differ only in them (a search's trials, the tests) share one compiled step in the cache.
+        device = next(model.parameters()).device
+        coefs = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm)
+        self.coefs = torch.tensor(coefs, dtype=torch.float32, device=device)
 
     def loss(self, params: torch.Tensor, mb: Minibatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The PPO loss at `params`; also ([pg_loss, v_loss, entropy], log-ratio) for the round's metrics."""
         views = [t.view(shape) for shape, t in zip(self.shapes, params.split(self.sizes))]
         new_logp, entropy, new_value = self.model.evaluate(mb.obs, mb.actions, views)
+        clip_coef, ent_coef, vf_coef = self.coefs[0], self.coefs[1], self.coefs[2]
         log_ratio = new_logp - mb.old_logp
         ratio = log_ratio.exp()
-        clipped_ratio = ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef)
+        clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
         pg_loss = torch.max(mb.neg_adv * ratio, mb.neg_adv * clipped_ratio).mean()
         if self.clip_vloss:
-            clipped = mb.old_values + (new_value - mb.old_values).clamp(-self.clip_coef, self.clip_coef)
+            clipped = mb.old_values + (new_value - mb.old_values).clamp(-clip_coef, clip_coef)
             v_loss = 0.5 * torch.max((new_value - mb.returns).pow(2), (clipped - mb.returns).pow(2)).mean()
         else:
             v_loss = 0.5 * (new_value - mb.returns).pow(2).mean()
-        loss = pg_loss - self.ent_coef * entropy + self.vf_coef * v_loss
+        loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
         return loss, (torch.stack([pg_loss, v_loss, entropy]), log_ratio)
 
     def gradient(self, params: torch.Tensor, mb: Minibatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -117,7 +123,7 @@ class PPOStep:
         """Clip the gradient to max_grad_norm (clip_grad_norm_ over all parameters) and take Adam's step in place:
         torch.optim.Adam's arithmetic, written out for one flat tensor so that it compiles into the same graph."""
         beta1, beta2 = ADAM_BETAS
-        grad = grad * (self.max_grad_norm / (torch.linalg.vector_norm(grad) + 1e-6)).clamp(max=1.0)
+        grad = grad * (self.coefs[3] / (torch.linalg.vector_norm(grad) + 1e-6)).clamp(max=1.0)
         adam.step.add_(1)
         adam.exp_avg.lerp_(grad, 1 - beta1)
         adam.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

@@ -92,6 +92,7 @@ class Trainer:
             with contextlib.ExitStack() as stack:
                 notes = self._resume()
                 self._plan()
+                compiling = self._start_compile()
                 self.start_time, self.start_step = time.time(), self.run.global_step
                 if self.ctx.is_main:
                     self.logger = self.agreement.own_work(self._open_outputs, stack)
@@ -102,7 +103,7 @@ class Trainer:
                     self.evaluator = self.agreement.own_work(lambda: stack.enter_context(evaluator()))
                 self.agreement.settle()
                 self._say_start(notes)
-                self._compile()
+                self._finish_compile(compiling)
                 stopped = self._rounds(self.pool)
                 if stopped:
                     ckpt.save_at_stop(self.learner, self.run)
@@ -326,18 +327,18 @@ class Trainer:
         self.num_iterations = run.iteration + max(0, math.ceil(left / self.steps_per_round))
         self.seeding = seeding and self.num_iterations > run.iteration
 
-    def _compile(self) -> None:
-        """Every rank compiles its own PPO step before the first round (one that cannot trains eagerly); rank 0 says
-        how it went."""
-        if not self.cfg.compile:
-            return
-        minibatch = self.actors * self.cfg.envs_per_actor * self.cfg.rollout_length // self.cfg.num_minibatches
-        if self.logger is not None:
-            self.logger.message(compiled.starting(minibatch))
-        start = time.time()
-        problems = D.gather_to_main(self.ctx, self.learner.compile(minibatch))
-        if self.logger is not None:
-            compiled.report(problems, time.time() - start, self.logger.message)
+    def _start_compile(self) -> Optional[compiled.Background]:
+        """Every rank compiles its own PPO step, on a thread, while its actors start; after the resume, whose state
+        the compile's trial step puts back. A rank whose step cannot compile trains eagerly."""
+        cfg = self.cfg
+        if not cfg.compile:
+            return None
+        minibatch = self.actors * cfg.envs_per_actor * cfg.rollout_length // cfg.num_minibatches
+        return compiled.Background(self.learner.compile, minibatch, self.ctx.device)
+
+    def _finish_compile(self, compiling: Optional[compiled.Background]) -> None:
+        if compiling is not None:  # rank 0 says how it went on every rank
+            compiling.finish(functools.partial(D.gather_to_main, self.ctx), self.logger and self.logger.message)
 
     def _open_outputs(self, stack: contextlib.ExitStack) -> RunLogger:
         """Rank 0: the run folder, config.yaml, TensorBoard and metrics.csv."""

@@ -12,7 +12,8 @@ For a change that must not change what the program computes (a refactoring): eac
 - ddp_stop:   the same, SIGTERM to torchrun after round 5, resumed
 
 and the script compares, run by run, metrics.csv (every column but the timings) and every tensor and value of
-the latest and the best checkpoint, bit for bit. It prints one line per run and exits 1 on any difference.
+the latest and the best checkpoint (but how long its evaluation took), bit for bit. It prints one line per run
+and exits 1 on any difference.
 A stop lands after round 5 when the signal comes during round 6's rollout; when it lands later, that run is
 tried again (up to 3 times). Each tree's runs go to its own runs/same_numbers/ (the same relative path, so the
 configs saved in the checkpoints compare equal).
@@ -39,6 +40,7 @@ RUNS = "runs/same_numbers"
 ROUNDS, STOP_AFTER = 20, 5
 STEPS_PER_ROUND = 2048  # a learner's round of the HalfCheetah preset: 2 actors x 8 envs x 128 steps
 TIMING_COLUMNS = {"charts/SPS", "charts/elapsed_seconds", "charts/rollout_seconds", "charts/train_seconds"}
+TIMING_KEYS = {"eval/seconds"}  # in a checkpoint's record of its evaluation: how long it took, not what it computed
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
@@ -133,7 +135,7 @@ def differences(a: Any, b: Any, where: str, added: list[str]) -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{where}.{k}: only in the base" for k in sorted(set(a) - set(b), key=str)]
         added += [f"{where}.{k}" for k in sorted(set(b) - set(a), key=str)]
-        for k in sorted(set(a) & set(b), key=str):
+        for k in sorted(set(a) & set(b) - TIMING_KEYS, key=str):
             out += differences(a[k], b[k], f"{where}.{k}", added)
         return out
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):

@@ -1,16 +1,16 @@
 """The compiled PPO step (ppo_ddp/compiled.py) against the eager one: the same function, the same numbers.
 
-Each compile costs seconds on the 2-core machine, so the options are grouped: every option the update has is
-in one of the configs below, and each config compiles once (inductor's on-disk cache serves the test run
-that follows with the same shapes)."""
+A new shape's compile costs ~20 s on the 2-core machine, so the options are grouped: every option the update has
+is in one of the configs below, each compiles once, and the shapes are those of the suite's train.py runs, so
+inductor's on-disk cache builds each step once for the whole suite."""
 
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
-import os
-import socket
 import sys
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +22,9 @@ from ppo_ddp.learner import Learner, RolloutBatch
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.ppo_step import FlatAdam
 
-OBS, ACT, B, MINIBATCHES = 11, 3, 256, 4
+# Hopper's sizes and the mini-batch of 16 that tests/test_train.py's SMALL runs train on: the default config's
+# step compiled here is the one those runs load from inductor's cache, and the reverse (one build per shape).
+OBS, ACT, B, MINIBATCHES = 11, 3, 64, 4
 
 # Every option of the update is in one of these (with target_kl low enough to stop after the first epoch).
 CONFIGS = {
@@ -141,6 +143,34 @@ def test_flat_adam_is_torch_adam():
     assert again.param_groups[0]["lr"] == 3e-3
 
 
+def test_the_background_compile_runs_with_the_main_thread_s_torch_threads_and_reports_once():
+    from ppo_ddp.compiled import Background
+
+    seen, said, gathered = [], [], []
+    release = threading.Event()
+
+    def compile(minibatch: int) -> None:
+        release.wait(timeout=60)
+        seen.append((minibatch, torch.get_num_threads(), threading.current_thread() is threading.main_thread()))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        background = Background(compile, 16, torch.device("cpu"))
+        release.set()  # from here the compile may finish before finish() looks, or after
+        background.finish(lambda problem: gathered.append(problem) or [problem, None], said.append)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [(16, 1, False)] and gathered == [None]
+    assert said[-1].startswith("compiled in ") and all(line.startswith("compiling the PPO step") for line in said[:-1])
+
+    def failing(minibatch: int) -> None:
+        raise KeyboardInterrupt  # not a compiler's failure (those come back as a reason): the run's own, re-raised
+
+    with pytest.raises(KeyboardInterrupt):
+        Background(failing, 16, torch.device("cpu")).finish(lambda problem: [problem], said.append)
+
+
 def test_train_py_without_a_cxx_compiler_warns_once_and_trains_eagerly(tmp_path):
     """A real failure of inductor (its C++ compiler missing), not a stand-in: one warning line that names the cause
     and --no-compile, then the run trains eagerly to its end."""
@@ -156,54 +186,83 @@ def test_train_py_without_a_cxx_compiler_warns_once_and_trains_eagerly(tmp_path)
 # ---- two ranks in sync_mode "gradients" ------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class ThreadRanks:
+    """The ranks of a "gradients" run as threads of this process, averaging through memory: Learner's rank_mean
+    is its seam for torch.distributed, so the step's two compiled parts and the average between them are the
+    run's own, without two interpreters to start (tests/test_scale.py runs them under torchrun and gloo).
+    Every rank sums the slots in rank order, so the mean is bitwise the same on all of them, as gloo's is."""
+
+    def __init__(self, world: int) -> None:
+        self.world, self.slots = world, [torch.zeros(0)] * world
+        self.barrier = threading.Barrier(world, timeout=120)
+
+    def rank_mean(self, rank: int) -> Callable[[torch.Tensor], None]:
+        def mean_(tensor: torch.Tensor) -> None:
+            self.slots[rank] = tensor.clone()
+            self.barrier.wait()
+            total = self.slots[0].clone()
+            for other in self.slots[1:]:
+                total += other
+            self.barrier.wait()  # every rank has read every slot before any rank writes its next one
+            tensor.copy_(total / self.world)
+
+        return mean_
+
+    def run(self, work: Callable[[int], Any]) -> list[Any]:
+        """work(rank) on a thread per rank; their results in rank order, or the first rank's exception."""
+        results: list[Any] = [None] * self.world
+
+        def target(rank: int) -> None:
+            try:
+                results[rank] = work(rank)
+            except BaseException as e:  # re-raised in the test's thread below
+                results[rank] = e
+                self.barrier.abort()  # a rank waiting on the failed one fails at once instead of timing out
+
+        threads = [threading.Thread(target=target, args=(rank,)) for rank in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
 
 
-def _gradient_rank(rank: int, port: int, compile: bool, results) -> None:
-    import torch.distributed as dist
-
-    from ppo_ddp import distributed as D
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        cpu = torch.device("cpu")
-        ctx = D.DistContext(rank=rank, world_size=2, local_rank=rank, device=cpu, comm_device=cpu, local_world_size=2)
-        cfg = Config(sync_mode="gradients", update_epochs=3, num_minibatches=MINIBATCHES, target_kl=0.05)
+def two_gradient_ranks(compile: bool) -> list[tuple[dict[str, torch.Tensor], float]]:
+    """Two ranks of sync_mode "gradients" training one round of 3 epochs, each on its own data; per rank, its
+    state and its epochs (the early stop is decided on the KL averaged over ranks)."""
+    ranks = ThreadRanks(2)
+    cfg = Config(sync_mode="gradients", update_epochs=3, num_minibatches=MINIBATCHES, target_kl=0.05)
+    learners = []
+    for rank in range(2):
         torch.manual_seed(0)
         model = ActorCritic(OBS, ACT)
-        learner = Learner(cfg, model, torch.device("cpu"), lambda t: D.average_(ctx, t))
-        problem = learner.compile(B // MINIBATCHES) if compile else None
-        metrics = learner.train_step(batch_for(model, seed=10 + rank), mean_std)  # each rank its own data
-        # numpy copies travel by value; a tensor would travel as a file descriptor the exiting rank closes
-        arrays = {k: v.numpy().copy() for k, v in state(learner).items()}
-        results.put((rank, problem, arrays, metrics["losses/epochs"]))
-    finally:
-        dist.destroy_process_group()
+        learners.append(Learner(cfg, model, torch.device("cpu"), ranks.rank_mean(rank)))
+        if compile:
+            assert learners[-1].compile(B // MINIBATCHES) is None
 
+    def train(rank: int) -> tuple[dict[str, torch.Tensor], float]:
+        learner = learners[rank]
+        metrics = learner.train_step(batch_for(learner.model, seed=10 + rank), mean_std)
+        return state(learner), metrics["losses/epochs"]
 
-def _two_ranks(compile: bool) -> dict[int, tuple]:
-    ctx = mp.get_context("spawn")
-    results, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_gradient_rank, args=(r, port, compile, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    out = dict((r, rest) for r, *rest in (results.get(timeout=300) for _ in procs))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return out
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        return ranks.run(train)
 
 
 def test_two_ranks_averaging_gradients_compiled_equal_eager_and_each_other():
-    eager, compiled = _two_ranks(compile=False), _two_ranks(compile=True)
-    assert compiled[0][0] is None and compiled[1][0] is None  # both compiled
-    for key in compiled[0][1]:
-        ours, other_rank, eager_rank0 = (torch.from_numpy(x[1][key]) for x in (compiled[0], compiled[1], eager[0]))
-        assert torch.equal(ours, other_rank), key  # ranks bit-identical
-        torch.testing.assert_close(ours, eager_rank0, rtol=1e-4, atol=1e-6, msg=key)
-    assert compiled[0][2] == eager[0][2]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a rank's share of a 2-core machine under torchrun: tests/test_scale.py's shape
+    try:
+        eager, compiled = two_gradient_ranks(compile=False), two_gradient_ranks(compile=True)
+    finally:
+        torch.set_num_threads(threads)
+    for key, ours in compiled[0][0].items():
+        assert torch.equal(ours, compiled[1][0][key]), key  # ranks bit-identical
+        torch.testing.assert_close(ours, eager[0][0][key], rtol=1e-4, atol=1e-6, msg=key)
+    assert compiled[0][1] == compiled[1][1] == eager[0][1]
+    torch.manual_seed(0)
+    start = torch.cat([p.detach().reshape(-1) for p in ActorCritic(OBS, ACT).parameters()])
+    assert not torch.equal(eager[0][0]["params"], start)  # it trained
