@@ -37,6 +37,7 @@ from ppo_ddp.config import ConfigError, missing_extra  # noqa: E402
 
 PROG = "tune.py"
 SQLITE_BUSY_TIMEOUT_S = 60  # workers sharing a SQLite file wait this long for its lock instead of failing
+STORAGE_ATTEMPTS = 3  # opening a storage that workers started at once are making: tries, 2 s apart
 # The pip package of each database driver SQLAlchemy may pick for a --storage URL (postgresql://, mysql://, or
 # postgresql+psycopg2:// and such); quoted where a shell would read the brackets.
 DRIVER_PACKAGES = {
@@ -157,7 +158,7 @@ def missing_driver(url: str) -> Optional[str]:
 def make_storage(url: str, heartbeat: int) -> Any:
     import optuna
     from sqlalchemy import event
-    from sqlalchemy.exc import IntegrityError, OperationalError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     sqlite = url.startswith("sqlite")
     # pysqlite begins a transaction only at its first write, so optuna's SELECT ... FOR UPDATE locks nothing on
@@ -176,11 +177,17 @@ def make_storage(url: str, heartbeat: int) -> Any:
             event.listen(made.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
         return made
 
-    try:
-        return storage()
-    except (OperationalError, IntegrityError):  # commands started at once on a new database race to make its tables
-        time.sleep(2)
-        return storage()
+    # Workers started at once on a new database race to make its tables and types: the losers get a lock timeout
+    # (OperationalError), a duplicate key in the catalogue (IntegrityError) or "type ... already exists"
+    # (ProgrammingError, seen on PostgreSQL 15), and find them made when they try again. An error that lasts
+    # (a wrong URL, no permission) is raised by the last attempt.
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            return storage()
+        except (OperationalError, IntegrityError, ProgrammingError):
+            if attempt == STORAGE_ATTEMPTS - 1:
+                raise
+            time.sleep(2)
 
 
 def open_study(
