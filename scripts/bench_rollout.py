@@ -26,10 +26,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from ppo_ddp.actor_pool import ActorPool  # noqa: E402
+from ppo_ddp.checkpoint import load_checkpoint  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.envs import make_env  # noqa: E402
 from ppo_ddp.model import ActorCritic  # noqa: E402
-from ppo_ddp.normalization import merge_rms_states  # noqa: E402
+from ppo_ddp.normalization import Moments, merge_rms_states  # noqa: E402
 
 
 def raw_env_rate(env_id: str, seconds: float, seed: int = 0) -> float:
@@ -54,20 +55,33 @@ def raw_env_rate(env_id: str, seconds: float, seed: int = 0) -> float:
         env.close()
 
 
-def pool_rate(cfg: Config, obs_dim: int, act_dim: int, seconds: float) -> tuple[float, int, float]:
-    """(env steps per second, rounds, mean round seconds) of collect() alone."""
+def pool_rate(cfg: Config, obs_dim: int, act_dim: int, seconds: float, checkpoint: Path | None = None):
+    """(env steps per second, rounds, mean round seconds) of collect() alone. The policy is a fresh one with the
+    statistics of its warm-up round, or a checkpoint's policy with its statistics (the states a trained policy
+    visits, which may cost the env more or less per step)."""
     torch.manual_seed(cfg.seed)
     model = ActorCritic.from_config(cfg, obs_dim, act_dim)
     with ActorPool(
         cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False
     ) as pool:
         reports = pool.collect(model, None, None)  # start-up and warm-up; its statistics are then frozen
-        obs_rms = merge_rms_states(r.obs_moments for r in reports)
-        ret_rms = merge_rms_states(r.return_moments for r in reports)
+        stats = merge_rms_states(r.obs_moments for r in reports), merge_rms_states(r.return_moments for r in reports)
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint)
+            model.load_state_dict(state["actor"])
+            stats = tuple(
+                Moments.from_state(state[k]) if state.get(k) and getattr(cfg, flag) else None
+                for k, flag in (
+                    ("obs_rms_state", "normalize_obs"),
+                    ("return_rms_state", "normalize_reward"),
+                    ("value_rms_state", "normalize_value"),
+                )
+            )
+            pool.collect(model, *stats)  # the envs leave the fresh policy's states
         steps, rounds, elapsed = 0, 0, 0.0
         while elapsed < seconds:
             start = time.perf_counter()
-            reports = pool.collect(model, obs_rms, ret_rms)
+            pool.collect(model, *stats)
             elapsed += time.perf_counter() - start
             steps += cfg.actors_per_gpu * cfg.envs_per_actor * cfg.rollout_length
             rounds += 1

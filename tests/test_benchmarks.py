@@ -133,3 +133,27 @@ def test_bench_scale_end_to_end_on_a_tiny_budget():
     # both printed whole (off by up to 0.5 each), the ratio to 3 decimals
     rounding = 0.0005 + (rate / limit) * (0.5 / rate + 0.5 / limit) + 1e-9
     assert lines[-1].startswith("ratio ") and float(lines[-1].split()[1]) == pytest.approx(rate / limit, abs=rounding)
+
+
+def test_profile_pool_end_to_end_on_a_tiny_budget():
+    # Every row of the pool's profile on a small Hopper shape, a fraction of a second each: the plumbing, and each
+    # ratio is its row's rate over the first row's, not the speed.
+    flags = "--envs-per-actor 2 --rollout-length 16"
+    cmd = [sys.executable, "scripts/profile_pool.py", "--config", "configs/hopper.yaml", "--flags", flags]
+    cmd += ["--cores", "1", "--seconds", "0.3"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if "steps/s" in line and not line.startswith("the limit")]
+    names = [row.split("  ")[0] for row in rows]
+    assert names[:4] == ["1 env, uniform actions (the limit)", "2 envs, uniform actions", "2 envs, policy actions",
+                         "actor (2 envs, no learner)"], names  # fmt: skip
+    assert names[4].startswith("pool (") and len(rows) == 5
+    rates = [float(row.split("steps/s")[0].split()[-1].replace(",", "")) for row in rows]
+    ratios = [float(row.split("steps/s")[1].split()[0]) for row in rows]
+    for rate, ratio in zip(rates, ratios):
+        assert rate > 0 and ratio == pytest.approx(
+            rate / rates[0], abs=0.0005 + ratio * (0.5 / rate + 0.5 / rates[0]) + 1e-9
+        )
+    split = rows[3].split("(")[-1].rstrip(")")
+    assert [part.split()[0] for part in split.split(", ")] == ["env", "policy", "rest"]

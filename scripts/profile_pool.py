@@ -1,0 +1,221 @@
+"""Where a large-batch preset's actor pool loses env throughput: the raw env limit taken apart, side by side in one run.
+
+    python scripts/profile_pool.py                                  # configs/scale/humanoid.yaml
+    python scripts/profile_pool.py --config configs/scale/ant.yaml --seconds 8
+
+scripts/bench_scale.py compares training with its limit: one plain env per core stepped with uniform random
+actions. A training actor differs from that loop in four ways, and each row here adds one of them, every row
+measured with one process per core at once (as the limit is), so that their ratios to the first row say what
+each costs:
+
+1. `1 env, uniform actions`: the limit of bench_scale.py.
+2. `E envs, uniform actions`: the preset's envs_per_actor envs stepped in turn in each process (working set).
+3. `E envs, policy actions`: the same with the actions a fresh policy takes, N(0, 1) clipped to the bounds (the
+   state the bodies go through, their contacts, how often they fall and reset).
+4. `actor`: ppo_ddp's Actor itself, `Actor.sample` round after round with the preset's config and frozen
+   statistics (the policy's forward, normalisation, GAE, the rollout's writes), no learner. Its time is split into
+   the env calls (step and reset), the policy's forward, and the rest.
+5. `pool`: the preset's ActorPool (its actors_per_gpu actors in their own processes) collecting rounds with fixed
+   weights, no learner (scripts/bench_rollout.py's measurement): adds the round's start and end, where every
+   actor waits for the slowest.
+
+With --train it also runs bench_scale.py's training measurement after the rows (its rollout and its round), then the
+pool row again with the policy and statistics that training ended with: the states a learning policy visits cost
+the env another amount per step than a fresh policy's, and that row separates it from what the learner adds. Run it
+alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import numpy as np  # noqa: E402
+from bench_rollout import pool_rate  # noqa: E402
+
+from ppo_ddp.actor_pool import SINGLE_THREAD_ENV  # noqa: E402
+from ppo_ddp.config import Config, parse_config  # noqa: E402
+from ppo_ddp.envs import make_env  # noqa: E402
+
+
+def raw_rate(env_id: str, envs: int, actions: str, seconds: float, seed: int) -> tuple[float, dict[str, float]]:
+    """Env steps per second of `envs` plain envs stepped in turn with pre-drawn actions (resets included)."""
+    pool = [make_env(env_id) for _ in range(envs)]
+    try:
+        for e, env in enumerate(pool):
+            env.reset(seed=seed * 1000 + e)
+        space = pool[0].action_space
+        rng = np.random.default_rng(seed)
+        if actions == "uniform":
+            drawn = rng.uniform(space.low, space.high, size=(256, envs, *space.shape))
+        else:  # a fresh Gaussian policy's: mean ~0, std 1, clipped to the bounds as the actor clips them
+            drawn = np.clip(rng.standard_normal((256, envs, *space.shape)), space.low, space.high)
+        drawn = drawn.astype(space.dtype)
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() < start + seconds:
+            for row in drawn:
+                for env, action in zip(pool, row):
+                    _, _, terminated, truncated, _ = env.step(action)
+                    if terminated or truncated:
+                        env.reset()
+            steps += drawn.shape[0] * envs
+        return steps / (time.perf_counter() - start), {}
+    finally:
+        for env in pool:
+            env.close()
+
+
+class _Timed:
+    """A callable's (or an env's step and reset) time, added up: the actor's phases without a profiler's overhead."""
+
+    def __init__(self, target, totals: dict[str, float], key: str) -> None:
+        self._target, self._totals, self._key = target, totals, key
+
+    def __call__(self, *args):
+        start = time.perf_counter()
+        try:
+            return self._target(*args)
+        finally:
+            self._totals[self._key] += time.perf_counter() - start
+
+    def step(self, action):
+        start = time.perf_counter()
+        try:
+            return self._target.step(action)
+        finally:
+            self._totals["env"] += time.perf_counter() - start
+
+    def reset(self, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self._target.reset(**kwargs)
+        finally:
+            self._totals["env"] += time.perf_counter() - start
+
+    def close(self) -> None:
+        self._target.close()
+
+    def load(self, *args) -> None:  # the policy kernel's: the round's weights (not timed as its forward)
+        self._target.load(*args)
+
+
+def actor_rate(cfg: Config, seconds: float, seed: int) -> tuple[float, dict[str, float]]:
+    """Env steps per second of one ppo_ddp Actor sampling rounds on its own shared block, and its time split."""
+    import torch
+
+    from ppo_ddp.actor import Actor
+    from ppo_ddp.buffers import BufferSpec, SharedBuffers
+    from ppo_ddp.model import ActorCritic, num_parameters, write_flat_parameters
+    from ppo_ddp.normalization import value_scale  # noqa: F401  (the actor's import, loaded before timing)
+
+    torch.set_num_threads(1)  # as actor_main
+    probe = make_env(cfg.env_id)
+    obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
+    probe.close()
+    torch.manual_seed(cfg.seed)
+    model = ActorCritic.from_config(cfg, obs_dim, act_dim)
+    spec = BufferSpec(1, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_parameters(model))
+    buffers = SharedBuffers.create(spec)
+    actor = None
+    try:
+        write_flat_parameters(model, buffers.weights)
+        buffers.write_stats(None, None, None)
+        actor = Actor(cfg, seed, 0, buffers)  # rank = seed: each process its own env seeds
+        first = actor.sample(0)  # the first reset, and statistics to freeze, as round 0 of a run
+        buffers.write_stats(first.obs_moments, first.return_moments, None)
+        totals = {"env": 0.0, "policy": 0.0}
+        actor.envs = [_Timed(env, totals, "env") for env in actor.envs]
+        actor.kernel = _Timed(actor.kernel, totals, "policy")
+        steps, rounds, start = 0, 0, time.perf_counter()
+        while time.perf_counter() < start + seconds:
+            actor.sample(rounds + 1)
+            steps += cfg.rollout_length * cfg.envs_per_actor
+            rounds += 1
+        elapsed = time.perf_counter() - start
+        split = {k: v / elapsed for k, v in totals.items()}
+        split["rest"] = 1.0 - sum(split.values())
+        return steps / elapsed, split
+    finally:
+        if actor is not None:
+            actor.close()
+        buffers.close()
+
+
+def side_by_side(processes: int, fn, *args) -> tuple[float, dict[str, float]]:
+    """fn(*args, seed) in `processes` spawned processes at once, started as the pool starts its actors (one thread
+    for the math libraries: numpy's OpenBLAS threads would otherwise compete for the cores): summed rate, mean
+    time split."""
+    saved = dict(os.environ)
+    os.environ.update(SINGLE_THREAD_ENV)  # inherited by the spawned processes
+    try:
+        with mp.get_context("spawn").Pool(processes) as pool:
+            results = pool.starmap(fn, [(*args, seed) for seed in range(processes)])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    split: dict[str, float] = {}
+    for _, s in results:
+        for k, v in s.items():
+            split[k] = split.get(k, 0.0) + v / len(results)
+    return sum(rate for rate, _ in results), split
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/scale/humanoid.yaml", help="the preset whose pool is profiled")
+    parser.add_argument("--flags", default="", help="train.py flags on top of the preset")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="processes side by side")
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds of each row")
+    parser.add_argument("--train", action="store_true", help="also bench_scale.py's training rate, as the last row")
+    args = parser.parse_args(argv)
+
+    flags = shlex.split(args.flags)
+    cfg = parse_config(["--config", args.config, *flags])
+    E, n = cfg.envs_per_actor, args.cores
+    print(f"# {cfg.env_id}, {args.config} {args.flags}; {n} processes side by side, {args.seconds:g} s a row; "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    limit, _ = side_by_side(n, raw_rate, cfg.env_id, 1, "uniform", args.seconds)
+
+    def show(name: str, rate: float, split: dict[str, float]) -> None:
+        parts = ", ".join(f"{k} {v:.0%}" for k, v in split.items())
+        print(f"{name:<40} {rate:>9,.0f} steps/s  {rate / limit:>6.3f}" + (f"  ({parts})" if parts else ""), flush=True)
+
+    show("1 env, uniform actions (the limit)", limit, {})
+    for name, fn, fn_args in (
+        (f"{E} envs, uniform actions", raw_rate, (cfg.env_id, E, "uniform", args.seconds)),
+        (f"{E} envs, policy actions", raw_rate, (cfg.env_id, E, "policy", args.seconds)),
+        (f"actor ({E} envs, no learner)", actor_rate, (cfg, args.seconds)),
+    ):
+        rate, split = side_by_side(n, fn, *fn_args)
+        show(name, rate, split)
+    probe = make_env(cfg.env_id)
+    dims = probe.observation_space.shape[0], probe.action_space.shape[0]
+    probe.close()
+    rate, _, _ = pool_rate(cfg, *dims, args.seconds)
+    show(f"pool ({cfg.actors_per_gpu} actors, no learner)", rate, {})
+    if args.train:
+        from bench_scale import training_rate
+
+        with tempfile.TemporaryDirectory() as tmp:
+            rate, rollout, update, steps = training_rate(args.config, flags, 3, 15, Path(tmp))
+            show(f"training ({rollout:.3f} s rollout + {update:.3f} s update)", rate, {})
+            show(f"  its rollout alone ({steps} steps in {rollout:.3f} s)", steps / rollout, {})
+            trained, _, _ = pool_rate(cfg, *dims, args.seconds, Path(tmp) / "bench" / "model_bench.pt")
+            show("pool, no learner, the trained policy", trained, {})
+    again, _ = side_by_side(n, raw_rate, cfg.env_id, 1, "uniform", args.seconds)
+    print(f"the limit again: {again:,.0f} steps/s ({again / limit:.3f} of the first); "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
