@@ -1,1 +1,5 @@
 """ppo_ddp: PPO for MuJoCo robots with one learner per GPU (torchrun) and shared-memory actor processes."""
+
+from ppo_ddp import partial_envs
+
+partial_envs.register()  # the partly observed envs' gymnasium ids, for any library that imports ppo_ddp

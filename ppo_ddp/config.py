@@ -160,7 +160,8 @@ class Config:
 
     # ---- outputs ------------------------------------------------------------
     run_name: Optional[str] = None
-    """Name of the run folder runs_dir/run_name (default: <env_id>__<seed>__<start time>)."""
+    """Name of the run folder runs_dir/run_name (default: <env_id>__<seed>__<start time>, a namespaced id's '/' as
+    '-')."""
     runs_dir: str = "runs"
     """Folder that holds one subfolder per run."""
     metrics_path: Optional[str] = None

@@ -65,6 +65,11 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def default_run_name(env_id: str, seed: int, started: float) -> str:
+    """<env_id>__<seed>__<start time>, one folder name: a namespaced id's '/' (ppo_ddp/HopperNoVel-v5) as '-'."""
+    return f"{env_id.replace('/', '-')}__{seed}__{time.strftime('%Y%m%d-%H%M%S', time.localtime(started))}"
+
+
 def write_run_config(path: Path, cfg: Config, extra: dict[str, Any]) -> None:
     doc = {"config": config_to_dict(cfg), "code_version": code_version(), "packages": package_versions(), **extra}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -41,7 +41,7 @@ from ppo_ddp.evaluator import EVAL_FINISH_TIMEOUT, Evaluation, Evaluator
 from ppo_ddp.learner import Learner, RolloutBatch, adapted_learning_rate, annealed_learning_rate, check_finite
 from ppo_ddp.model import ActorCritic, num_parameters
 from ppo_ddp.normalization import merge_rms_states, tensor_moments, value_scale
-from ppo_ddp.run_log import RunLogger, format_duration, open_run_folder
+from ppo_ddp.run_log import RunLogger, default_run_name, format_duration, open_run_folder
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
 from ppo_ddp.topology import cpu_learner_threads
 
@@ -83,7 +83,7 @@ class Trainer:
         name = self.cfg.run_name
         if name is None and self.ctx.is_main and self.restart_count > 0 and self.elastic_id:
             name = find_elastic_run(Path(self.cfg.runs_dir), self.elastic_id)
-        return name or f"{self.cfg.env_id}__{self.cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+        return name or default_run_name(self.cfg.env_id, self.cfg.seed, time.time())
 
     # ---- the run --------------------------------------------------------------------------------------------
     def train(self) -> None:

@@ -24,7 +24,7 @@ def test_there_is_a_preset_per_benchmark_env():
 def test_preset_parses_into_a_valid_config(preset):
     cfg = Config(**load_yaml_defaults(preset))
     validate(cfg)  # the env exists, the round splits into the mini-batches, every value is in range
-    assert cfg.env_id.lower().startswith(preset.stem)
+    assert preset.stem.replace("_", "") in cfg.env_id.lower()  # hopper: Hopper-v5; hopper_novel: ppo_ddp/HopperNoVel-v5
     assert cfg.total_timesteps == 1_000_000
 
 
@@ -157,3 +157,25 @@ def test_profile_pool_end_to_end_on_a_tiny_budget():
         )
     split = rows[3].split("(")[-1].rstrip(")")
     assert [part.split()[0] for part in split.split(", ")] == ["env", "policy", "rest"]
+
+
+def test_the_partly_observed_rows_get_their_own_table(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from returns_tables import write_table
+
+    def row(env, seed, mean, config, extra=""):
+        return {"env": env, "seed": str(seed), "world_size": "1", "total_steps": "1000000", "eval_mean": str(mean),
+                "config": config, "extra_args": extra, "sync_mode": "params"}  # fmt: skip
+
+    rows = [row("Hopper-v5", s, m, "configs/hopper.yaml") for s, m in ((1, 3000), (2, 3200))]
+    rows += [row("ppo_ddp/HopperNoVel-v5", s, m, "configs/hopper_novel.yaml") for s, m in ((1, 900), (2, 1100))]
+    rows += [row("ppo_ddp/HopperNoVel-v5", 1, 2500, "configs/hopper_novel.yaml", "--policy gru")]
+    write_table(tmp_path / "returns.md", rows)
+    text = (tmp_path / "returns.md").read_text()
+    partial = text.split("## Partly observed envs")[1]
+    assert "| ppo_ddp/HopperNoVel-v5 | mlp | configs/hopper_novel.yaml | 1000 ± 100 (2) | 3100 ± 100 |" in partial
+    assert (
+        "| ppo_ddp/HopperNoVel-v5 | gru | configs/hopper_novel.yaml `--policy gru` | 2500 (1) | 3100 ± 100 |" in partial
+    )
+    main_table = text.split("## Partly observed envs")[0]
+    assert "NoVel" not in main_table and "| Hopper-v5 |" in main_table

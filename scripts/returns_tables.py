@@ -1,0 +1,226 @@
+"""The tables and figures of the learning benchmark, rebuilt from docs/benchmarks/returns.csv's rows.
+
+scripts/benchmark_returns.py runs and records; this module turns every row so far into returns.md and the
+curves: the 1M presets against published PPO numbers, world sizes and sync modes, the 10M large-batch presets,
+and the partly observed envs (ppo_ddp/partial_envs.py), whose policies are compared with each other and with the
+full-observation preset of their robot.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+
+import numpy as np
+from plot_runs import plot_curves
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTIAL_PREFIX = "ppo_ddp/"  # the partly observed envs' gymnasium namespace
+
+# Published numbers at 10M env steps (issue 13): Sample Factory APPO, rl_games PPO (training return).
+REFERENCE_10M = {"Humanoid-v5": ("5439 ± 1314", "~9700", ">= 5000"), "Ant-v5": ("5876 ± 167", "—", ">= 5000")}
+
+# Published PPO numbers at 1M env steps (see issue 5 / docs/tuning.md for what each column measures).
+REFERENCE = {
+    "HalfCheetah-v5": ("1442 ± 46", "5819 ± 664", "5784 ± 1244", ">= 3000"),
+    "Hopper-v5": ("2383 ± 272", "2410 ± 10", "2609 ± 701", ">= 2500"),
+    "Walker2d-v5": ("2288 ± 572", "3479 ± 822", "3589 ± 757", ">= 3500"),
+    "Ant-v5": ("—", "1327 ± 452", "3258 ± 1079", ">= 2000"),
+    "Humanoid-v5": ("716 ± 49", "—", "787 ± 194", "report"),
+}
+
+
+def row_key(row: dict) -> tuple[str, str, str, str, str, str]:
+    """What a row is a run of: env, seed, world size, preset, sync mode (rows written before sync modes existed are
+    of "params") and the extra train.py flags."""
+    sync = row.get("sync_mode") or "params"
+    return (row["env"], str(row["seed"]), str(row["world_size"]), row["config"], sync, row["extra_args"])
+
+
+def shape_flags(extra_args: str) -> list[str]:
+    """The extra flags that change what a run computes: all but --actor-timeout, which only bounds a wait."""
+    out: list[str] = []
+    skip = False
+    for flag in shlex.split(extra_args):
+        if skip:
+            skip = False
+        elif flag == "--actor-timeout":
+            skip = True
+        elif not flag.startswith("--actor-timeout="):
+            out.append(flag)
+    return out
+
+
+def mean_std(values: list[float]) -> str:
+    """Mean ± std over seeds; one seed has no spread to show."""
+    if not values:
+        return "—"
+    return f"{values[0]:.0f}" if len(values) == 1 else f"{np.mean(values):.0f} ± {np.std(values):.0f}"
+
+
+def own_shape(row: dict[str, str]) -> bool:
+    """A run of the preset as it is (no flags that change what it computes)."""
+    return not shape_flags(row["extra_args"])
+
+
+def is_scale(row: dict[str, str]) -> bool:
+    return row["config"].startswith("configs/scale/")
+
+
+def is_partial(row: dict[str, str]) -> bool:
+    """A run on a partly observed env (its velocities hidden: ppo_ddp/partial_envs.py)."""
+    return row["env"].startswith(PARTIAL_PREFIX)
+
+
+def _policy(row: dict[str, str]) -> str:
+    """The policy a row ran: the --policy of its flags, else its preset's (read back from the preset file)."""
+    flags = shlex.split(row["extra_args"])
+    if "--policy" in flags[:-1]:
+        return flags[flags.index("--policy") + 1]
+    preset = ROOT / row["config"]
+    text = preset.read_text() if preset.exists() else ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("policy:")), "mlp")
+
+
+def _cell(rows: list[dict[str, str]], full_steps: int) -> str:
+    vals = [float(r["eval_mean"]) for r in rows]
+    steps = {int(r["total_steps"]) for r in rows}
+    note = f" ({len(vals)})" if vals else ""
+    if steps and max(steps) < full_steps:
+        note += f" at {max(steps):,} steps"
+    return mean_std(vals) + note
+
+
+def _preset_cell(rows: list[dict[str, str]]) -> str:
+    """The preset as it is; runs with flags that change it only where there is none, and then with their flags."""
+    own = [r for r in rows if own_shape(r)]
+    if own or not rows:
+        return _cell(own, 10**6)
+    flags = sorted({" ".join(shape_flags(r["extra_args"])) for r in rows})
+    return _cell(rows, 10**6) + f" with `{'`, `'.join(flags)}`"
+
+
+def write_table(path: Path, rows: list[dict[str, str]]) -> None:
+    small = [r for r in rows if not is_scale(r) and not is_partial(r)]
+    lines = [
+        "# PPO returns",
+        "",
+        "Ours: deterministic evaluation (10 episodes) of the final policy, mean ± std over seeds (their number in "
+        "brackets); rows from `returns.csv`, written by `scripts/benchmark_returns.py`.",
+        "",
+        "## 1M env steps, the presets in configs/",
+        "",
+        "| env | CleanRL ppo_continuous_action (v4, last training episodes) | SB3 rl-zoo tuned PPO (v3, deterministic eval) "  # noqa: E501
+        "| Tianshou PPO (v3, 10 seeds, max average return) | target | ppo_ddp, 1 learner (seeds) | ppo_ddp, 2 learners (seeds) |",  # noqa: E501
+        "|---|---|---|---|---|---|---|",
+    ]
+    for env_id, refs in REFERENCE.items():
+        ours = [_preset_cell([r for r in small if r["env"] == env_id and row_key(r)[2::2] == (str(w), "params")])
+                for w in (1, 2)]  # fmt: skip
+        lines.append(f"| {env_id} | {' | '.join(refs)} | {' | '.join(ours)} |")
+    lines += ["", "![learning curves](returns.png)", ""]
+    lines += _world_size_table(small)
+    lines += _scale_table([r for r in rows if is_scale(r)])
+    lines += _partial_table(rows)
+    path.write_text("\n".join(lines))
+
+
+def _world_size_table(rows: list[dict[str, str]]) -> list[str]:
+    """The 1M presets on 1, 2 and 4 ranks, both sync modes, each round shape run; the ratio to one learner."""
+    envs = sorted({r["env"] for r in rows if int(r["world_size"]) > 1})
+    if not envs:
+        return []
+    lines = [
+        "## World sizes and sync modes, 1M env steps",
+        "",
+        "`torchrun --standalone --nproc_per_node=W` (gloo, CPU) on the same preset and total steps. With the preset's "
+        "own shape each rank has its actors, so a round holds W times the samples; the flags in the third column "
+        "divide a rank's round by W instead, so that the round (2048 samples) and the mini-batch (64 samples over "
+        "all ranks) are one learner's. Ratio: to one learner's mean (target >= 0.9).",
+        "",
+        "| env | ranks, sync | flags | ppo_ddp (seeds) | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for env_id in envs:
+        mine = [r for r in rows if r["env"] == env_id]
+        base = [float(r["eval_mean"]) for r in mine if int(r["world_size"]) == 1 and own_shape(r)]
+        shapes = sorted({(int(r["world_size"]), row_key(r)[4], r["extra_args"]) for r in mine})
+        for world, mode, flags in shapes:
+            got = [r for r in mine if (int(r["world_size"]), row_key(r)[4], r["extra_args"]) == (world, mode, flags)]
+            ratio = np.mean([float(r["eval_mean"]) for r in got]) / np.mean(base) if base else math.nan
+            lines.append(f"| {env_id} | {world}, {mode} | `{flags}` | {_cell(got, 10**6)} | {ratio:.2f} |")
+    return lines + ["", "![world sizes](world_sizes.png)", ""]
+
+
+def _scale_table(rows: list[dict[str, str]]) -> list[str]:
+    if not rows:
+        return []
+    lines = [
+        "## 10M env steps, the large-batch presets in configs/scale/",
+        "",
+        "Wall time and SPS on the 2-core CPU machine (training time summed over the sessions a run spanned; runs "
+        "that shared the machine are slower than a run alone).",
+        "",
+        "| env | ppo_ddp (seeds) | per seed: return, wall, SPS | Sample Factory APPO | rl_games PPO (training) | target |",  # noqa: E501
+        "|---|---|---|---|---|---|",
+    ]
+    for env_id in sorted({r["env"] for r in rows}):
+        mine = [r for r in rows if r["env"] == env_id and int(r["world_size"]) == 1 and own_shape(r)]
+        per_seed = "; ".join(
+            f"s{r['seed']}: {float(r['eval_mean']):.0f}, {float(r['wall_seconds']) / 3600:.1f} h, "
+            f"{int(r['total_steps']) / float(r['wall_seconds']):,.0f}"
+            for r in mine
+        )
+        refs = REFERENCE_10M.get(env_id, ("—", "—", "—"))
+        lines.append(f"| {env_id} | {_cell(mine, 10**7)} | {per_seed} | {' | '.join(refs)} |")
+    return lines + ["", "![10M-step learning curves](returns_10m.png)", ""]
+
+
+def _partial_table(rows: list[dict[str, str]]) -> list[str]:
+    """The partly observed envs, 1M steps, one learner: each policy on the masked observations, and the robot's
+    full-observation preset (the first table) for reference."""
+    mine = [r for r in rows if is_partial(r) and int(r["world_size"]) == 1 and not is_scale(r)]
+    if not mine:
+        return []
+    lines = [
+        "## Partly observed envs (velocities hidden), 1M env steps",
+        "",
+        "`ppo_ddp/<Robot>NoVel-v5`: the robot's observation without its velocity block (ppo_ddp/partial_envs.py). "
+        "Per policy, the preset (or the flags) each row ran; the last column is the full-observation preset's "
+        "mean from the first table.",
+        "",
+        "| env | policy | preset, flags | ppo_ddp (seeds) | full observation, 1 learner |",
+        "|---|---|---|---|---|",
+    ]
+    for env_id in sorted({r["env"] for r in mine}):
+        full_id = env_id.removeprefix(PARTIAL_PREFIX).replace("NoVel", "")
+        full = [float(r["eval_mean"]) for r in rows
+                if r["env"] == full_id and int(r["world_size"]) == 1 and not is_scale(r) and own_shape(r)]  # fmt: skip
+        for config, flags in sorted({(r["config"], r["extra_args"]) for r in mine if r["env"] == env_id}):
+            got = [r for r in mine if (r["env"], r["config"], r["extra_args"]) == (env_id, config, flags)]
+            where = f"{config} `{flags}`" if flags else config
+            lines.append(f"| {env_id} | {_policy(got[0])} | {where} | {_cell(got, 10**6)} | {mean_std(full)} |")
+    return lines + ["", "![partly observed envs](returns_partial.png)", ""]
+
+
+def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
+    def curves(selected: list[tuple[str, dict[str, str]]]) -> list[tuple[str, Path]]:
+        return [(label, ROOT / r["curve"]) for label, r in selected if (ROOT / r["curve"]).exists()]
+
+    one = [(r["env"], r) for r in rows if not is_scale(r) and not is_partial(r) and int(r["world_size"]) == 1]
+    plot_curves(curves(one), out_dir / "returns.png")
+    partial = [(f"{r['env']}, {_policy(r)}", r) for r in rows if is_partial(r) and not is_scale(r)]
+    if partial:
+        plot_curves(curves(partial), out_dir / "returns_partial.png")
+    scale = [(r["env"], r) for r in rows if is_scale(r)]
+    if scale:
+        plot_curves(curves(scale), out_dir / "returns_10m.png")
+    envs = {r["env"] for r in rows if not is_scale(r) and not is_partial(r) and int(r["world_size"]) > 1}
+    worlds = [
+        (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(shape_flags(r['extra_args']))}".strip(), r)
+        for r in rows
+        if not is_scale(r) and r["env"] in envs
+    ]
+    if worlds:
+        plot_curves(curves(worlds), out_dir / "world_sizes.png")
