@@ -19,8 +19,20 @@ episode never sees its predecessor's memory, whichever step of a chunk it starts
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from typing import Optional
+
 import numpy as np
 import torch
+from torch import nn
+
+from ppo_ddp.model import ACTIVATION_FUNCTIONS, ACTIVATIONS, PolicyKernel, _layer, gaussian_entropy, gaussian_log_prob
+from ppo_ddp.normalization import Moments, value_scale
+
+CORES = ("actor", "critic")
+"""The recurrent cores, in the order of the state's second axis: the actor and the critic each have their own
+encoder and GRU (sb3-contrib's RecurrentPPO default), so the value loss does not shape the policy's memory."""
 
 
 def input_projection(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
@@ -89,3 +101,139 @@ class NumpyGRU:
         n += gx[:, 2 * H :]
         np.tanh(n, out=n)
         return n + z * (h - n)
+
+
+def _encoder(n_in: int, hidden: Sequence[int], activation: str) -> nn.Sequential:
+    """The MLP before a GRU: every layer followed by the activation (the GRU reads its output)."""
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [_layer(n_in, h, math.sqrt(2)), ACTIVATIONS[activation]()]
+        n_in = h
+    return nn.Sequential(*layers)
+
+
+def _gru(n_in: int, hidden: int) -> nn.GRU:
+    gru = nn.GRU(n_in, hidden)
+    for name, p in gru.named_parameters():  # orthogonal weights, zero biases, as the MLP layers (CleanRL's LSTM)
+        nn.init.orthogonal_(p) if name.startswith("weight") else nn.init.zeros_(p)
+    return gru
+
+
+class RecurrentActorCritic(nn.Module):
+    """A Gaussian policy and a value function, each an MLP encoder (hidden_sizes) → GRU (rnn_hidden_size) → linear
+    head, and the state-independent log-std. The state of one env is [2, H]: the actor's core's, the critic's.
+
+    As ActorCritic, the forward is written on the layers' tensors, so that the PPO step can run it on views of its
+    flat parameter (`evaluate_chunks(..., params=)`)."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        log_std_init: float = 0.0,
+        rnn_hidden_size: int = 64,
+    ) -> None:
+        super().__init__()
+        self.obs_dim, self.act_dim, self.rnn_hidden_size = obs_dim, act_dim, rnn_hidden_size
+        self.activation = ACTIVATION_FUNCTIONS[activation]
+        width = hidden_sizes[-1] if hidden_sizes else obs_dim
+        self.critic_encoder = _encoder(obs_dim, hidden_sizes, activation)
+        self.critic_gru = _gru(width, rnn_hidden_size)
+        self.critic = _layer(rnn_hidden_size, 1, 1.0)
+        self.actor_encoder = _encoder(obs_dim, hidden_sizes, activation)
+        self.actor_gru = _gru(width, rnn_hidden_size)
+        self.actor_mean = _layer(rnn_hidden_size, act_dim, 0.01)
+        self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+        names = [name for name, _ in self.named_parameters()]
+        self._at = {
+            part: [i for i, name in enumerate(names) if name.startswith(f"{part}.") or name == part]
+            for part in (
+                "critic_encoder", "critic_gru", "critic", "actor_encoder", "actor_gru", "actor_mean", "actor_logstd"
+            )
+        }  # fmt: skip
+
+    def _part(self, params: Sequence[torch.Tensor], part: str) -> list[torch.Tensor]:
+        return [params[i] for i in self._at[part]]
+
+    def _core(
+        self, params: Sequence[torch.Tensor], core: str, obs: torch.Tensor, h0: torch.Tensor, starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One core over a chunk, time first: obs [T, N, D], h0 [N, H], starts [T, N] → (states [T, N, H], last)."""
+        x = obs
+        encoder = self._part(params, f"{core}_encoder")
+        for w, b in zip(encoder[::2], encoder[1::2]):
+            x = self.activation(nn.functional.linear(x, w, b))
+        w_ih, w_hh, b_ih, b_hh = self._part(params, f"{core}_gru")  # nn.GRU's order
+        return unroll(input_projection(x, w_ih, b_ih), h0, starts, w_hh, b_hh)
+
+    def forward_chunks(
+        self, obs: torch.Tensor, h0: torch.Tensor, starts: torch.Tensor, params: Optional[Sequence[torch.Tensor]] = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Chunks first: obs [C, T, D], h0 [C, 2, H] (the state entering each chunk's first step), starts [C, T].
+        Returns (action mean [C, T, A], value [C, T], the state after each chunk's last step [C, 2, H])."""
+        params = list(self.parameters()) if params is None else params
+        obs_t, starts_t = obs.transpose(0, 1), starts.transpose(0, 1)  # time first for the unroll
+        actor, actor_last = self._core(params, "actor", obs_t, h0[:, 0], starts_t)
+        critic, critic_last = self._core(params, "critic", obs_t, h0[:, 1], starts_t)
+        mean = nn.functional.linear(actor, *self._part(params, "actor_mean")).transpose(0, 1)
+        value = nn.functional.linear(critic, *self._part(params, "critic")).squeeze(-1).transpose(0, 1)
+        return mean, value, torch.stack([actor_last, critic_last], dim=1)
+
+    def evaluate_chunks(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        h0: torch.Tensor,
+        starts: torch.Tensor,
+        params: Optional[Sequence[torch.Tensor]] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log-prob of actions [C, T], entropy (one number, as ActorCritic.evaluate's), value [C, T])."""
+        params = list(self.parameters()) if params is None else params
+        mean, value, _ = self.forward_chunks(obs, h0, starts, params)
+        (log_std,) = self._part(params, "actor_logstd")
+        return gaussian_log_prob(mean, log_std, actions), gaussian_entropy(log_std), value
+
+
+class RecurrentKernel:
+    """RecurrentActorCritic's step in numpy, for the actors: `__call__(obs [N, D], h [N, 2, H])` with the entering
+    state (resets applied) returns (action mean [N, A], value [N], the new state [N, 2, H]), float32."""
+
+    def __init__(self, model: RecurrentActorCritic, activation: str) -> None:
+        self.activation = PolicyKernel._ACTIVATIONS[activation]
+        self.load(model)
+
+    def load(self, model: RecurrentActorCritic, value_rms: Optional[Moments] = None) -> None:
+        """The round's weights; value_rms as PolicyKernel.load's."""
+        self.value_scale = value_scale(value_rms)
+
+        def arr(t: torch.Tensor) -> np.ndarray:
+            return t.detach().cpu().numpy().astype(np.float32)
+
+        self.cores = []
+        for encoder, gru, head in (
+            (model.actor_encoder, model.actor_gru, model.actor_mean),
+            (model.critic_encoder, model.critic_gru, model.critic),
+        ):
+            layers = [(np.ascontiguousarray(arr(m.weight).T), arr(m.bias)) for m in encoder if isinstance(m, nn.Linear)]
+            cell = NumpyGRU()
+            cell.load(gru.weight_ih_l0, gru.bias_ih_l0, gru.weight_hh_l0, gru.bias_hh_l0)
+            self.cores.append((layers, cell, (np.ascontiguousarray(arr(head.weight).T), arr(head.bias))))
+
+    def __call__(self, obs: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        outputs, states = [], []
+        for c, (layers, cell, (w, b)) in enumerate(self.cores):
+            x = obs
+            for lw, lb in layers:
+                x = x @ lw
+                x += lb
+                self.activation(x)
+            state = cell.step(x, h[:, c])
+            states.append(state)
+            outputs.append(state @ w + b)
+        value = outputs[1][:, 0]
+        if self.value_scale is not None:
+            mean, std = self.value_scale
+            value = value * np.float32(std) + np.float32(mean)
+        return outputs[0], value, np.stack(states, axis=1)

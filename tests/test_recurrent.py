@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ppo_ddp.recurrent import NumpyGRU, gru_cell, input_projection, unroll
+from ppo_ddp.recurrent import NumpyGRU, RecurrentActorCritic, RecurrentKernel, gru_cell, input_projection, unroll
 
 IN, H, T, N = 5, 8, 12, 4
 
@@ -74,3 +74,44 @@ def test_the_numpy_step_is_the_torch_step():
     got = kernel.step(x.numpy(), h.numpy())
     assert got.dtype == np.float32 and got.shape == (N, H)
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_actor_s_numpy_steps_are_the_learner_s_unroll():
+    """What an actor computes step by step (numpy, resetting the state where an episode starts) is what the learner
+    computes over the whole chunk from the state entering it: the same means and values, the same state after."""
+    D, A, C = 6, 3, 5
+    torch.manual_seed(4)
+    model = RecurrentActorCritic(D, A, (16, 16), "elu", -0.5, rnn_hidden_size=8)
+    kernel = RecurrentKernel(model, "elu")
+    obs = torch.randn(C, T, D)
+    starts = (torch.rand(C, T) < 0.2).float()
+    h0 = torch.randn(C, 2, 8)
+    h = h0.numpy().copy()
+    means, values = [], []
+    for t in range(T):
+        h[starts[:, t].numpy() == 1] = 0.0
+        mean, value, h = kernel(obs[:, t].numpy(), h)
+        means.append(mean)
+        values.append(value)
+    with torch.no_grad():
+        mean, value, last = model.forward_chunks(obs, h0, starts)
+    np.testing.assert_allclose(np.stack(means, 1), mean.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.stack(values, 1), value.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(h, last.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_evaluate_chunks_on_a_flat_parameter_is_the_model_s():
+    """The PPO step's path (views of one flat tensor) and the module's own parameters give the same numbers."""
+    torch.manual_seed(5)
+    model = RecurrentActorCritic(4, 2, (8,), "tanh", 0.0, rnn_hidden_size=6)
+    obs, actions, h0 = torch.randn(3, T, 4), torch.randn(3, T, 2), torch.zeros(3, 2, 6)
+    starts = torch.zeros(3, T)
+    starts[:, 0] = 1.0
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    views = [v.view_as(p) for p, v in zip(model.parameters(), flat.split([p.numel() for p in model.parameters()]))]
+    with torch.no_grad():
+        own = model.evaluate_chunks(obs, actions, h0, starts)
+        viewed = model.evaluate_chunks(obs, actions, h0, starts, views)
+    for a, b in zip(own, viewed):
+        torch.testing.assert_close(a, b)
+    assert own[0].shape == (3, T) and own[1].dim() == 0 and own[2].shape == (3, T)
