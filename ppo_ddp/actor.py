@@ -16,16 +16,17 @@ import multiprocessing.connection
 import signal
 import traceback
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
 
-from ppo_ddp.buffers import ROLLOUT_FIELDS, BufferSpec, SharedBuffers
+from ppo_ddp.buffers import BufferSpec, SharedBuffers
 from ppo_ddp.config import Config
 from ppo_ddp.envs import env_seed, make_env
-from ppo_ddp.model import LOG_SQRT_2PI, ActorCritic, PolicyKernel, read_flat_parameters
+from ppo_ddp.model import LOG_SQRT_2PI, read_flat_parameters
 from ppo_ddp.normalization import DiscountedReturn, Moments, compute_batch_moments, normalize_obs, scale_reward
+from ppo_ddp.recurrent import make_kernel, make_model
 from ppo_ddp.rollout import compute_gae, prepare_action
 
 IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -64,6 +65,16 @@ class EnvError(RuntimeError):
         super().__init__(message)
         self.env_index = env_index
         self.step = step
+
+
+class Final(NamedTuple):
+    """An episode that ended at step `step` of env `env`: its raw final observation and, for a GRU, the state
+    after that step (the bootstrap of a truncation reads them)."""
+
+    step: int
+    env: int
+    obs: np.ndarray
+    state: Optional[np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -107,9 +118,13 @@ class Actor:
             )
         self.action_low = np.asarray(space.low, dtype=np.float32)
         self.action_high = np.asarray(space.high, dtype=np.float32)
-        self.model = ActorCritic.from_config(cfg, D, spec.act_dim)
+        self.model = make_model(cfg, D, spec.act_dim)
         self.model.requires_grad_(False)
-        self.kernel = PolicyKernel(self.model, cfg.activation)
+        self.kernel = make_kernel(self.model, cfg.activation)
+        # A GRU's memory of each env (None for an MLP): zeroed when the env's episode ends, carried across rounds;
+        # `starting` marks the envs whose current observation is the first of an episode (all, after the first reset)
+        self.state = np.zeros((E, 2, spec.rnn_hidden), dtype=np.float32) if spec.rnn_hidden else None
+        self.starting = np.ones(E, dtype=bool)
         self.generator = torch.Generator().manual_seed(noise_seed(cfg.seed, rank, actor_id))
         if noise_state is not None:  # resumed from a checkpoint: continue the noise where it stopped
             self.generator.set_state(torch.from_numpy(np.array(noise_state, dtype=np.uint8)))
@@ -123,7 +138,7 @@ class Actor:
         self.rewards = np.zeros((T, E), dtype=np.float64)
         self.terminated = np.zeros((T, E), dtype=bool)
         self.truncated = np.zeros((T, E), dtype=bool)
-        self.out = {name: buffers.arrays[name][actor_id] for name in ROLLOUT_FIELDS}  # this actor's slice
+        self.out = {name: buffers.arrays[name][actor_id] for name in spec.rollout_fields()}  # this actor's slice
 
     def close(self) -> None:
         for env in self.envs:
@@ -168,7 +183,7 @@ class Actor:
         self.terminated.fill(False)
         self.truncated.fill(False)
         episodes: list[tuple[float, int]] = []  # (return, length) of the episodes that ended
-        finals: list[tuple[int, int, np.ndarray]] = []  # (step, env, raw final observation) of ended episodes
+        finals: list[Final] = []
         for t in range(self.cfg.rollout_length):
             env_action = self._act(t, obs_rms, noise[t], std)
             self._step_envs(t, env_action, round_k, episodes, finals)
@@ -206,21 +221,21 @@ class Actor:
         """Observation, value and action of step t into the rollout; returns the actions clipped for the envs."""
         obs_t = self.out["obs"][t]
         obs_t[:] = normalize_obs(self.raw[t], obs_rms, self.cfg.obs_clip)
-        mean, self.out["values"][t] = self.kernel(obs_t)
+        if self.state is not None:  # what the update unrolls each chunk from, and where its episodes start
+            if t % self.buffers.spec.seq_length == 0:
+                self.out["hidden"][t // self.buffers.spec.seq_length] = self.state
+            self.out["episode_start"][t] = self.starting
+        mean, self.out["values"][t], self.state = self.kernel.step(obs_t, self.state)
         action = self.out["actions"][t]
         np.multiply(noise, std, out=action)
         action += mean
         return prepare_action(action, self.action_low, self.action_high)[1]
 
     def _step_envs(
-        self,
-        t: int,
-        env_action: np.ndarray,
-        round_k: int,
-        episodes: list[tuple[float, int]],
-        finals: list[tuple[int, int, np.ndarray]],
+        self, t: int, env_action: np.ndarray, round_k: int, episodes: list[tuple[float, int]], finals: list[Final]
     ) -> None:
-        """Step every env once; an ended episode is recorded (its final observation too) and its env reset."""
+        """Step every env once; an ended episode is recorded (its final observation too, and a GRU's state after
+        the step, which the bootstrap value needs) and its env reset, with the GRU's memory of it."""
         next_raw, rew_t = self.raw[t + 1], self.rewards[t]
         ep_ret, ep_len = self.episode_return, self.episode_length
         e = -1
@@ -230,6 +245,7 @@ class Actor:
                 rew_t[e] = reward
                 ep_ret[e] += reward
                 ep_len[e] += 1
+                self.starting[e] = term or trunc
                 if term or trunc:
                     self.terminated[t, e] = term
                     self.truncated[t, e] = trunc
@@ -238,7 +254,9 @@ class Actor:
                         raise EnvError(
                             f"env {e} returned a non-finite final observation at step {t} of round {round_k}", e, t
                         )
-                    finals.append((t, e, final))
+                    finals.append(Final(t, e, final, None if self.state is None else self.state[e].copy()))
+                    if self.state is not None:
+                        self.state[e] = 0.0
                     episodes.append((float(ep_ret[e]), ep_len[e]))
                     ep_ret[e], ep_len[e] = 0.0, 0
                     obs, _ = env.reset()
@@ -250,15 +268,19 @@ class Actor:
         if not (np.isfinite(next_raw).all() and np.isfinite(rew_t).all()):
             raise self._non_finite(t, round_k)
 
-    def _bootstrap_values(self, obs_rms: Optional[Moments], finals: list[tuple[int, int, np.ndarray]]) -> None:
-        """next_values[t] = V(observation after step t, before any reset): V(final observation) at episode ends."""
+    def _bootstrap_values(self, obs_rms: Optional[Moments], finals: list[Final]) -> None:
+        """next_values[t] = V(observation after step t, before any reset): V(final observation) at episode ends. A
+        GRU's value of an observation reads the state after step t: the envs' current states after the last step
+        (left as they are: the next round's first step reads that observation again), and at an episode's end the
+        state the step left, before the reset zeroed it."""
         T, clip = self.cfg.rollout_length, self.cfg.obs_clip
         next_values, values = self.out["next_values"], self.out["values"]
         next_values[:-1] = values[1:]
-        next_values[-1] = self.kernel(normalize_obs(self.raw[T], obs_rms, clip))[1]
+        next_values[-1] = self.kernel.step(normalize_obs(self.raw[T], obs_rms, clip), self.state)[1]
         if finals:
-            final_values = self.kernel(normalize_obs(np.stack([f[2] for f in finals]), obs_rms, clip))[1]
-            next_values[[f[0] for f in finals], [f[1] for f in finals]] = final_values
+            states = None if self.state is None else np.stack([f.state for f in finals])
+            final_obs = normalize_obs(np.stack([f.obs for f in finals]), obs_rms, clip)
+            next_values[[f.step for f in finals], [f.env for f in finals]] = self.kernel.step(final_obs, states)[1]
 
     def _advantages(self, ret_rms: Optional[Moments]) -> Optional[Moments]:
         """Rewards, GAE advantages and returns, flags into the rollout; the moments of this round's discounted

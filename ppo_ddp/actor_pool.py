@@ -34,8 +34,9 @@ from ppo_ddp.actor import IGNORED_SIGNALS, ActorArgs, ActorReport, actor_main
 from ppo_ddp.buffers import BufferSpec, SharedBuffers
 from ppo_ddp.config import Config
 from ppo_ddp.learner import RolloutBatch
-from ppo_ddp.model import ActorCritic, num_parameters, write_flat_parameters
+from ppo_ddp.model import num_parameters, write_flat_parameters
 from ppo_ddp.normalization import Moments
+from ppo_ddp.recurrent import make_model
 
 ROUND_TIME_FACTOR = 2.0
 """A round may take this many times the slowest round so far, plus cfg.actor_timeout, before an actor is stuck."""
@@ -176,10 +177,8 @@ class ActorPool:
         self._started_at = time.monotonic()
         try:
             with torch.random.fork_rng(devices=[]):  # the parameter count must not consume the learner's RNG
-                probe = ActorCritic.from_config(cfg, obs_dim, act_dim)
-            spec = BufferSpec(
-                num_actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_parameters(probe)
-            )
+                probe = make_model(cfg, obs_dim, act_dim)
+            spec = BufferSpec.for_config(cfg, num_actors, obs_dim, act_dim, num_parameters(probe))
             self.buffers = SharedBuffers.create(spec)
             if pin_memory:
                 self.buffers.pin()

@@ -34,6 +34,10 @@ returns        float32  [A, T, E]           advantages + values
 rewards        float32  [A, T, E]           raw env reward (unscaled)
 terminated     uint8    [A, T, E]           1 / 0
 truncated      uint8    [A, T, E]           1 / 0
+*recurrent*    (policy "gru" only: rnn_hidden H > 0; L = seq_length, T a multiple of it)
+episode_start  uint8    [A, T, E]           1: obs[t] is the first of an episode (the state entering step t is zero)
+hidden         float32  [A, T/L, E, 2, H]   the GRU states (actor's core, critic's) entering step c * L of each
+                                            env: the state the update unrolls chunk c from
 =============  =======  ==================  ======================================================
 
 Sentinel (`fill_sentinel`): NaN in every float field of the rollout, `FLAG_SENTINEL` (255) in the flags, so a
@@ -51,6 +55,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ppo_ddp.config import Config
 from ppo_ddp.normalization import Moments
 
 ALIGN = 64
@@ -71,7 +76,8 @@ ROLLOUT_FIELDS = (
     "terminated",
     "truncated",
 )
-FLAG_FIELDS = ("terminated", "truncated")
+RECURRENT_FIELDS = ("episode_start", "hidden")
+FLAG_FIELDS = ("terminated", "truncated", "episode_start")
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -88,6 +94,22 @@ class BufferSpec:
     obs_dim: int
     act_dim: int
     num_params: int
+    rnn_hidden: int = 0
+    """Width of the GRU state (0: an MLP policy, no recurrent fields)."""
+    seq_length: int = 1
+
+    @staticmethod
+    def for_config(cfg: Config, num_actors: int, obs_dim: int, act_dim: int, num_params: int) -> BufferSpec:
+        """The layout of a config's round with num_actors actors (the recurrent fields for policy "gru")."""
+        gru = cfg.policy == "gru"
+        return BufferSpec(
+            num_actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_params,
+            rnn_hidden=cfg.rnn_hidden_size if gru else 0, seq_length=cfg.seq_length if gru else 1,
+        )  # fmt: skip
+
+    def rollout_fields(self) -> tuple[str, ...]:
+        """The fields an actor writes, in layout order."""
+        return ROLLOUT_FIELDS + (RECURRENT_FIELDS if self.rnn_hidden else ())
 
     def fields(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         A, T, E = self.num_actors, self.rollout_length, self.envs_per_actor
@@ -113,6 +135,11 @@ class BufferSpec:
             "rewards": (f32, (A, T, E)),
             "terminated": (u8, (A, T, E)),
             "truncated": (u8, (A, T, E)),
+            **(
+                {"episode_start": (u8, (A, T, E)), "hidden": (f32, (A, T // self.seq_length, E, 2, self.rnn_hidden))}
+                if self.rnn_hidden
+                else {}
+            ),
         }
 
     def layout(self) -> tuple[dict[str, int], int, int, int]:
@@ -126,7 +153,7 @@ class BufferSpec:
             dtype, shape = fields[name]
             pos += dtype.itemsize * int(np.prod(shape))
         rollout_start = pos = _round_up(pos, PAGE)
-        for name in ROLLOUT_FIELDS:
+        for name in self.rollout_fields():
             pos = _round_up(pos, ALIGN)
             offsets[name] = pos
             dtype, shape = fields[name]
@@ -229,7 +256,7 @@ class SharedBuffers:
     # ---- rollout ----------------------------------------------------------------------------------
     def fill_sentinel(self) -> None:
         """NaN in every float field of the rollout, FLAG_SENTINEL in the flags."""
-        for name in ROLLOUT_FIELDS:
+        for name in self.spec.rollout_fields():
             self.arrays[name].fill(FLAG_SENTINEL if name in FLAG_FIELDS else np.nan)
 
     # ---- frozen statistics -----------------------------------------------------------------------------

@@ -1,9 +1,8 @@
 """The one Config of a training run, its YAML loading and its validation.
 
-`parse_config(argv)` is what train.py calls: `--config FILE.yaml` supplies
-defaults, command-line flags override them, and every value is checked before
-any process, env or collective starts. A bad value is one line on stderr that
-names the field, the value and what is allowed, and exit status 2.
+`parse_config(argv)` is what train.py calls: `--config FILE.yaml` supplies defaults, command-line flags override
+them, and every value is checked before any process, env or collective starts. A bad value is one line on stderr
+that names the field, the value and what is allowed, and exit status 2.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ class Config:
 
     # ---- processes ----------------------------------------------------------
     num_gpus: int = 1
-    """Learners (one per GPU) for `python train.py`; fewer are used when fewer GPUs are visible, one on CPU.
-    Under torchrun the world size decides."""
+    """Learners (one per GPU) of `python train.py`: fewer if fewer GPUs are seen, one on CPU; torchrun: its world."""
     num_actors: Optional[int] = None
     """Actor processes over all learners; must equal num_gpus * actors_per_gpu when both are given."""
     actors_per_gpu: Optional[int] = None
@@ -117,6 +115,14 @@ class Config:
     log_std_init: float = -1.0
     """Initial state-independent log standard deviation of the Gaussian policy (-1.0: std 0.37 for actions
     in [-1, 1]; with CleanRL's 0.0, half the HalfCheetah seeds settled in a slow gait, docs/tuning.md)."""
+    policy: Literal["mlp", "gru"] = "mlp"
+    """"mlp", or "gru" for robots that must remember what they saw (partly observed envs): actor and critic each an
+    MLP of hidden_sizes, a GRU of rnn_hidden_size and a head (ppo_ddp/recurrent.py, docs/design.md)."""
+    rnn_hidden_size: int = 64
+    """Width of each GRU's state (policy "gru")."""
+    seq_length: int = 16
+    """Steps per chunk of policy "gru" (a divisor of rollout_length): the update shuffles whole chunks and unrolls
+    each from the state its actor had entering it, backpropagating through at most this many steps."""
 
     # ---- normalisation ------------------------------------------------------
     normalize_obs: bool = True
@@ -169,8 +175,7 @@ class Config:
     save_interval: int = 5
     """Write the latest checkpoint every this many rounds (and at the end, and on a stop signal)."""
     resume: Optional[str] = None
-    """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name (a fresh start if it has
-    none)."""
+    """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name (fresh if it has none)."""
 
     config: Optional[str] = None
     """YAML file whose keys set defaults for the fields above; flags override it."""
@@ -178,7 +183,7 @@ class Config:
 
 COUNT_FIELDS = tuple(
     "total_timesteps num_gpus num_actors actors_per_gpu envs_per_actor rollout_length param_sync_interval "
-    "update_epochs num_minibatches save_interval learner_threads eval_episodes".split()
+    "update_epochs num_minibatches save_interval learner_threads eval_episodes rnn_hidden_size seq_length".split()
 )
 POSITIVE_FLOAT_FIELDS = tuple(
     "learning_rate lr_kl_target clip_coef max_grad_norm obs_clip reward_clip actor_timeout".split()
@@ -328,16 +333,23 @@ def validate(cfg: Config, check_env: bool = True) -> None:
             raise _fail("env_id", cfg.env_id, problem)
 
 
+def minibatch_rows(cfg: Config, actors: int) -> int:
+    """Rows of a learner's mini-batch with `actors` actors: samples, or chunks of seq_length steps (policy "gru")."""
+    rows = actors * cfg.envs_per_actor * cfg.rollout_length // (cfg.seq_length if cfg.policy == "gru" else 1)
+    return rows // cfg.num_minibatches
+
+
 def check_round_split(cfg: Config, actors: int) -> None:
     """A learner's round of `actors` actors must split into the mini-batches; ConfigError naming the field if not."""
-    batch = actors * cfg.envs_per_actor * cfg.rollout_length
-    if batch % cfg.num_minibatches != 0:
-        raise _fail(
-            "num_minibatches",
-            cfg.num_minibatches,
-            f"must divide the {batch} samples a learner collects per round "
-            f"(actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length})",
-        )
+    rows, what = actors * cfg.envs_per_actor * cfg.rollout_length, "samples"
+    shape = f"actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length}"
+    if cfg.policy == "gru":
+        if cfg.rollout_length % cfg.seq_length != 0:
+            raise _fail("seq_length", cfg.seq_length, f"must divide rollout_length {cfg.rollout_length} (policy gru)")
+        rows, what, shape = rows // cfg.seq_length, f"chunks of seq_length {cfg.seq_length}", f"{shape} / seq_length"
+    if rows % cfg.num_minibatches != 0:
+        raise _fail("num_minibatches", cfg.num_minibatches, f"must divide the {rows} {what} a learner collects per "
+                    f"round ({shape})")  # fmt: skip
 
 
 def _split_config_flag(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:

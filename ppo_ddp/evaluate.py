@@ -20,6 +20,7 @@ from ppo_ddp.envs import make_env, make_video_env
 from ppo_ddp.evaluator import play_episodes
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.normalization import Moments
+from ppo_ddp.recurrent import make_model
 from ppo_ddp.video import EpisodeVideo, render_problem
 
 
@@ -49,7 +50,7 @@ def load_policy(path: str | Path) -> tuple[ActorCritic, Optional[Moments], Confi
         raise CheckpointError(f"checkpoint {path}: has no 'config', cannot rebuild the network")
     cfg = config_from_dict(state["config"])
     obs_dim, act_dim = int(state["obs_dim"]), int(state["act_dim"])
-    model = ActorCritic.from_config(cfg, obs_dim, act_dim)
+    model = make_model(cfg, obs_dim, act_dim)
     model.load_state_dict(state["actor"])
     model.eval()
     obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] is not None else None

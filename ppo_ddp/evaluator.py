@@ -32,6 +32,7 @@ from ppo_ddp.config import Config, ConfigError
 from ppo_ddp.envs import make_env, make_video_env
 from ppo_ddp.model import ActorCritic, num_parameters, read_flat_parameters, write_flat_parameters
 from ppo_ddp.normalization import Moments, normalize_obs
+from ppo_ddp.recurrent import make_model
 from ppo_ddp.video import INSTALL_HINT, EpisodeVideo, render_problem
 
 EVAL_FINISH_TIMEOUT = 600.0
@@ -62,10 +63,11 @@ def play_episodes(
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         total, length, done = 0.0, 0, False
+        state = model.initial_state(1)  # a recurrent policy's memory starts empty with every episode
         while not done:
             x = torch.as_tensor(normalize_obs(obs, obs_rms, obs_clip)).unsqueeze(0)
             with torch.inference_mode():
-                action = model.action_mean(x) if deterministic else model.sample(x, generator)[0]
+                action, state = model.act(x, state, deterministic, generator)
             obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
             total, length = total + float(reward), length + 1
             done = terminated or truncated
@@ -79,7 +81,7 @@ def evaluator_main(
     """The evaluator process: ("eval", request id, flat parameters, obs statistics state, video path) in, results
     out. With a video_dir it first says whether it can render: ("ready", None or the reason it cannot)."""
     torch.set_num_threads(1)
-    model = ActorCritic.from_config(cfg, obs_dim, act_dim)
+    model = make_model(cfg, obs_dim, act_dim)
     model.requires_grad_(False)
     env = make_env(cfg.env_id)
     recorder = None
@@ -149,7 +151,7 @@ class Evaluator:
 
     def __init__(self, cfg: Config, obs_dim: int, act_dim: int, video_dir: Optional[Path] = None) -> None:
         with torch.random.fork_rng(devices=[]):  # a CPU copy to flatten policies with; not from the learner's RNG
-            self._probe = ActorCritic.from_config(cfg, obs_dim, act_dim)
+            self._probe = make_model(cfg, obs_dim, act_dim)
         ctx = mp_context(cfg.mp_start_method)
         self._conn, child = ctx.Pipe(duplex=True)
         with child_start_state():

@@ -17,7 +17,8 @@ from ppo_ddp.ppo_step import FlatAdam, Minibatch, PPOStep
 
 @dataclass
 class RolloutBatch:
-    """One round's samples of this rank, flattened to [B, ...] and on the learner's device."""
+    """One round's samples of this rank on the learner's device: rows of samples [B, ...] for an MLP, or rows of
+    chunks [C, L, ...] of seq_length consecutive steps of one env for a GRU, with the state entering each chunk."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -25,26 +26,41 @@ class RolloutBatch:
     values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    hidden: Optional[torch.Tensor] = None
+    episode_start: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
+        """Rows: what the epochs shuffle and the mini-batches split."""
         return self.obs.shape[0]
 
     @staticmethod
     def from_buffers(buffers, device: torch.device) -> RolloutBatch:
-        """Flatten the [A, T, E, ...] shared rollout; non_blocking copies when the buffers are pinned."""
+        """The [A, T, E, ...] shared rollout as rows; non_blocking copies when the buffers are pinned. Chunks (a GRU's
+        rows) are env by env: chunk (a, e, c) holds steps c*L .. c*L+L-1 of env e of actor a, whose entering state
+        is hidden[a, c, e]; ranks and actors never share a chunk."""
+        L = buffers.spec.seq_length if buffers.spec.rnn_hidden else None
 
-        def flat(t: torch.Tensor, trailing: int) -> torch.Tensor:
-            t = t.reshape(-1, *t.shape[t.dim() - trailing :]) if trailing else t.reshape(-1)
+        def rows(t: torch.Tensor, trailing: int) -> torch.Tensor:
+            if L is None:
+                t = t.reshape(-1, *t.shape[t.dim() - trailing :]) if trailing else t.reshape(-1)
+            else:  # [A, T, E, ...] -> [A, E, T, ...] -> [A * E * T/L, L, ...]
+                t = t.movedim(2, 1)
+                t = t.reshape(-1, L, *t.shape[3:])
             return t.to(device, non_blocking=True)
 
-        return RolloutBatch(
-            obs=flat(buffers.obs, 1),
-            actions=flat(buffers.actions, 1),
-            logp=flat(buffers.logp, 0),
-            values=flat(buffers.values, 0),
-            advantages=flat(buffers.advantages, 0),
-            returns=flat(buffers.returns, 0),
+        batch = RolloutBatch(
+            obs=rows(buffers.obs, 1),
+            actions=rows(buffers.actions, 1),
+            logp=rows(buffers.logp, 0),
+            values=rows(buffers.values, 0),
+            advantages=rows(buffers.advantages, 0),
+            returns=rows(buffers.returns, 0),
         )
+        if L is not None:
+            batch.episode_start = rows(buffers.episode_start, 0).float()
+            hidden = buffers.hidden.movedim(2, 1)  # [A, T/L, E, 2, H] -> [A, E, T/L, 2, H]: the chunks' order
+            batch.hidden = hidden.reshape(-1, *hidden.shape[3:]).to(device, non_blocking=True)
+        return batch
 
 
 # (mean, std) of the advantages over all ranks' data; a collective under torchrun.
@@ -123,8 +139,7 @@ class Learner:
     def compile(self, minibatch_size: int) -> Optional[str]:
         """Compile the step for mini-batches of this size (the run's only shape) and run it once, so that the first
         round pays nothing; returns None, or why the step stays eager (the learner then trains eagerly)."""
-        dims = ((self.model.obs_dim,), (self.model.act_dim,), (), (), (), ())
-        example = Minibatch(*(torch.zeros(minibatch_size, *d, device=self.device) for d in dims))
+        example = self._example(minibatch_size)
         if self.sync_gradients:  # the all_reduce between the two parts stays outside the compiled graphs
 
             def warm_up(gradient: Callable, apply: Callable) -> None:
@@ -139,6 +154,14 @@ class Learner:
 
             (self.step,), problem = compiled.compile_functions([self.ppo], warm_up, self._state())
         return problem
+
+    def _example(self, rows: int) -> Minibatch:
+        """Zeros shaped as a mini-batch of `rows` rows: the compile's example input."""
+        model, steps = self.model, ((self.cfg.seq_length,) if self.cfg.policy == "gru" else ())
+        dims = ((*steps, model.obs_dim), (*steps, model.act_dim), steps, steps, steps, steps)
+        if self.cfg.policy == "gru":
+            dims += ((2, self.cfg.rnn_hidden_size), steps)
+        return Minibatch(*(torch.zeros(rows, *d, device=self.device) for d in dims))
 
     def _state(self) -> list[torch.Tensor]:
         """The tensors a step changes: compile() runs one on example data and puts them back as they were."""
@@ -161,7 +184,7 @@ class Learner:
         returns (cfg.normalize_value); the rollout's values and returns are in reward units and get standardised.
         """
         cfg = self.cfg
-        buffer_size = len(batch)  # recorded before the buffer is released for the next round
+        buffer_size = batch.advantages.numel()  # samples; recorded before the buffer is released for the next round
         advantages = batch.advantages
         if cfg.norm_adv:
             mean, std = global_mean_std(advantages)
@@ -170,21 +193,25 @@ class Learner:
         if value_stats is not None:
             v_mean, v_std = value_stats
             old_values, returns = (old_values - v_mean) / v_std, (returns - v_mean) / v_std
-        minibatch_size = buffer_size // cfg.num_minibatches
+        rows = len(batch)  # samples, or a GRU's chunks
+        minibatch_size = rows // cfg.num_minibatches
 
         # Each epoch gathers the round in its shuffled order once, so that mini-batches are contiguous slices
         # (views) instead of six index ops each; the samples of each mini-batch are the same either way.
         # The advantages are negated once here rather than twice in every mini-batch (-a * r is (-a) * r).
         columns = (batch.obs, batch.actions, batch.logp, old_values, -advantages, returns)
-        shuffled = [torch.empty_like(c) for c in columns]
+        if batch.hidden is not None:
+            columns += (batch.hidden, batch.episode_start)
+        # contiguous whatever the columns are: the compiled step was traced on contiguous mini-batches
+        shuffled = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in columns]
         losses: list[torch.Tensor] = []  # [pg, v, entropy] of each mini-batch
         log_ratios: list[torch.Tensor] = []  # kept for approx_kl and clipfrac, computed once after the epochs
         epochs_done = 0
         for _ in range(cfg.update_epochs):
-            permutation = torch.randperm(buffer_size, generator=self.generator, device=self.device)
+            permutation = torch.randperm(rows, generator=self.generator, device=self.device)
             for column, out in zip(columns, shuffled):
                 torch.index_select(column, 0, permutation, out=out)
-            for start in range(0, buffer_size, minibatch_size):
+            for start in range(0, rows, minibatch_size):
                 step_losses, log_ratio = self._minibatch_step(
                     Minibatch(*(c[start : start + minibatch_size] for c in shuffled))
                 )

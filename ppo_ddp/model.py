@@ -16,7 +16,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ppo_ddp.config import Config
 from ppo_ddp.normalization import Moments, value_scale
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
@@ -78,11 +77,6 @@ class ActorCritic(nn.Module):
         self._critic_at = [i for i, name in enumerate(names) if name.startswith("critic.")]
         self._actor_at = [i for i, name in enumerate(names) if name.startswith("actor_mean.")]
 
-    @staticmethod
-    def from_config(cfg: Config, obs_dim: int, act_dim: int) -> ActorCritic:
-        """The network a config describes (hidden_sizes, activation, log_std_init), on the CPU."""
-        return ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
-
     def _parts(self, params: Optional[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, list, list]:
         """(log-std, critic tensors, actor tensors) of params, or of the model's own parameters."""
         params = list(self.parameters()) if params is None else params
@@ -102,6 +96,21 @@ class ActorCritic(nn.Module):
         noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
         action = mean + noise * torch.exp(self.actor_logstd)
         return action, gaussian_log_prob(mean, self.actor_logstd, action), self.value(obs)
+
+    def initial_state(self, n: int) -> None:
+        """The memory of n envs at their episodes' start: an MLP has none (RecurrentActorCritic's is zeros)."""
+        return None
+
+    def act(
+        self, obs: torch.Tensor, state: None, deterministic: bool, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, None]:
+        """(the action for a batch of normalised observations: the mean, or a sample; the next state) for evaluation;
+        the same interface as RecurrentActorCritic.act, so an episode loop serves both."""
+        return (self.action_mean(obs) if deterministic else self.sample(obs, generator)[0]), None
+
+    def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """evaluate() on a PPO mini-batch (ppo_ddp/ppo_step.py's Minibatch): the loss's one call into the network."""
+        return self.evaluate(mb.obs, mb.actions, params)
 
     def evaluate(
         self, obs: torch.Tensor, action: torch.Tensor, params: Optional[Sequence[torch.Tensor]] = None
@@ -217,6 +226,11 @@ class PolicyKernel:
         self.width = actor[0][0].shape[1]
         self.first = (np.concatenate([actor[0][0], critic[0][0]], axis=1), np.concatenate([actor[0][1], critic[0][1]]))
         self.actor_rest, self.critic_rest = actor[1:], critic[1:]
+
+    def step(self, obs: np.ndarray, state: None) -> tuple[np.ndarray, np.ndarray, None]:
+        """(action mean, value, next state): the interface the actor steps either network's kernel with (an MLP
+        has no state; ppo_ddp/recurrent.py's RecurrentKernel has)."""
+        return (*self(obs), None)
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(action mean [N, act_dim], value [N]) for normalised float32 observations [N, obs_dim]."""

@@ -16,7 +16,7 @@ Pure math: nothing here knows of ranks or torch.distributed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -29,7 +29,11 @@ ADAM_EPS = 1e-5  # CleanRL's, instead of torch's 1e-8
 
 @dataclass
 class Minibatch:
-    """One mini-batch of the round (contiguous slices of the epoch's shuffled columns); the advantages negated."""
+    """One mini-batch of the round (contiguous slices of the epoch's shuffled columns); the advantages negated.
+
+    Rows are samples ([B, ...]) for an MLP, chunks of seq_length steps ([C, L, ...]) for a GRU, which also gets
+    the state entering each chunk and the steps that start an episode. The loss is elementwise and a mean over
+    every step either way."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -37,6 +41,10 @@ class Minibatch:
     old_values: torch.Tensor
     neg_adv: torch.Tensor
     returns: torch.Tensor
+    hidden: Optional[torch.Tensor] = None
+    """[C, 2, H]: the GRU states entering each chunk (policy "gru")."""
+    episode_start: Optional[torch.Tensor] = None
+    """[C, L], 1.0 where the step starts an episode (policy "gru")."""
 
 
 class FlatAdam:
@@ -93,7 +101,7 @@ class PPOStep:
     def loss(self, params: torch.Tensor, mb: Minibatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The PPO loss at `params`; also ([pg_loss, v_loss, entropy], log-ratio) for the round's metrics."""
         views = [t.view(shape) for shape, t in zip(self.shapes, params.split(self.sizes))]
-        new_logp, entropy, new_value = self.model.evaluate(mb.obs, mb.actions, views)
+        new_logp, entropy, new_value = self.model.evaluate_minibatch(mb, views)
         clip_coef, ent_coef, vf_coef = self.coefs[0], self.coefs[1], self.coefs[2]
         log_ratio = new_logp - mb.old_logp
         ratio = log_ratio.exp()

@@ -27,7 +27,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from ppo_ddp.model import ACTIVATION_FUNCTIONS, ACTIVATIONS, PolicyKernel, _layer, gaussian_entropy, gaussian_log_prob
+from ppo_ddp.config import Config
+from ppo_ddp.model import (
+    ACTIVATION_FUNCTIONS,
+    ACTIVATIONS,
+    ActorCritic,
+    PolicyKernel,
+    _layer,
+    gaussian_entropy,
+    gaussian_log_prob,
+)
 from ppo_ddp.normalization import Moments, value_scale
 
 CORES = ("actor", "critic")
@@ -195,9 +204,28 @@ class RecurrentActorCritic(nn.Module):
         (log_std,) = self._part(params, "actor_logstd")
         return gaussian_log_prob(mean, log_std, actions), gaussian_entropy(log_std), value
 
+    def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """evaluate_chunks() on a PPO mini-batch of chunks (its hidden and episode_start): the loss's one call."""
+        return self.evaluate_chunks(mb.obs, mb.actions, mb.hidden, mb.episode_start, params)
+
+    def initial_state(self, n: int) -> torch.Tensor:
+        """The state of n envs at their episodes' start: zeros [n, 2, H]."""
+        return torch.zeros(n, len(CORES), self.rnn_hidden_size)
+
+    def act(
+        self, obs: torch.Tensor, state: torch.Tensor, deterministic: bool, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action, next state) for one step of a batch of envs from their entering state, for evaluation."""
+        mean, _, state = self.forward_chunks(obs.unsqueeze(1), state, torch.zeros(obs.shape[0], 1))
+        mean = mean[:, 0]
+        if deterministic:
+            return mean, state
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        return mean + noise * torch.exp(self.actor_logstd), state
+
 
 class RecurrentKernel:
-    """RecurrentActorCritic's step in numpy, for the actors: `__call__(obs [N, D], h [N, 2, H])` with the entering
+    """RecurrentActorCritic's step in numpy, for the actors: `step(obs [N, D], h [N, 2, H])` with the entering
     state (resets applied) returns (action mean [N, A], value [N], the new state [N, 2, H]), float32."""
 
     def __init__(self, model: RecurrentActorCritic, activation: str) -> None:
@@ -221,7 +249,7 @@ class RecurrentKernel:
             cell.load(gru.weight_ih_l0, gru.bias_ih_l0, gru.weight_hh_l0, gru.bias_hh_l0)
             self.cores.append((layers, cell, (np.ascontiguousarray(arr(head.weight).T), arr(head.bias))))
 
-    def __call__(self, obs: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def step(self, obs: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         outputs, states = [], []
         for c, (layers, cell, (w, b)) in enumerate(self.cores):
             x = obs
@@ -237,3 +265,20 @@ class RecurrentKernel:
             mean, std = self.value_scale
             value = value * np.float32(std) + np.float32(mean)
         return outputs[0], value, np.stack(states, axis=1)
+
+
+def make_model(cfg: Config, obs_dim: int, act_dim: int) -> ActorCritic | RecurrentActorCritic:
+    """The network a config describes (policy, hidden_sizes, activation, log_std_init, rnn_hidden_size), on the
+    CPU: every process that builds one (learner, actors, evaluator, evaluate) builds it here."""
+    if cfg.policy == "gru":
+        return RecurrentActorCritic(
+            obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.rnn_hidden_size
+        )
+    return ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+
+
+def make_kernel(model: ActorCritic | RecurrentActorCritic, activation: str) -> PolicyKernel | RecurrentKernel:
+    """The numpy forward the actors step with, for either network."""
+    if isinstance(model, RecurrentActorCritic):
+        return RecurrentKernel(model, activation)
+    return PolicyKernel(model, activation)

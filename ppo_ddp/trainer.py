@@ -34,13 +34,14 @@ from ppo_ddp.buffers import BufferSpec
 from ppo_ddp.capacity import available_memory, check_round_fits, free_shared_memory
 from ppo_ddp.checkpoint import mean_policy
 from ppo_ddp.checkpointer import Checkpointer, RunState, elastic_restart, find_elastic_run
-from ppo_ddp.config import Config
+from ppo_ddp.config import Config, minibatch_rows
 from ppo_ddp.debug import RoundRecorder
 from ppo_ddp.envs import make_env
 from ppo_ddp.evaluator import EVAL_FINISH_TIMEOUT, Evaluation, Evaluator
 from ppo_ddp.learner import Learner, RolloutBatch, adapted_learning_rate, annealed_learning_rate, check_finite
-from ppo_ddp.model import ActorCritic, num_parameters
+from ppo_ddp.model import num_parameters
 from ppo_ddp.normalization import merge_rms_states, tensor_moments, value_scale
+from ppo_ddp.recurrent import make_model
 from ppo_ddp.run_log import RunLogger, default_run_name, format_duration, open_run_folder
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
 from ppo_ddp.topology import cpu_learner_threads
@@ -58,7 +59,7 @@ class Trainer:
         if ctx.device.type == "cpu":
             torch.set_num_threads(cpu_learner_threads(cfg.learner_threads, ctx.local_world_size))
         torch.manual_seed(cfg.seed)
-        self.model = ActorCritic.from_config(cfg, obs_dim, act_dim).to(ctx.device)
+        self.model = make_model(cfg, obs_dim, act_dim).to(ctx.device)
         D.broadcast_parameters(ctx, self.model)
         self.learner = Learner(cfg, self.model, ctx.device, functools.partial(D.average_, ctx))
         self.restart_count, self.elastic_id = elastic_restart()
@@ -68,9 +69,7 @@ class Trainer:
         self.agreement = Agreement(ctx, stop, self.checkpointer.kept)
         self.run = RunState()
         self.steps_per_round = ctx.world_size * actors * cfg.envs_per_actor * cfg.rollout_length
-        self.spec = BufferSpec(
-            actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_parameters(self.model)
-        )
+        self.spec = BufferSpec.for_config(cfg, actors, obs_dim, act_dim, num_parameters(self.model))
         self.recorder = RoundRecorder.from_env()  # the tests' view of each round, or None
         self.logger: Optional[RunLogger] = None
         self.pool: Optional[ActorPool] = None
@@ -333,8 +332,7 @@ class Trainer:
         cfg = self.cfg
         if not cfg.compile:
             return None
-        minibatch = self.actors * cfg.envs_per_actor * cfg.rollout_length // cfg.num_minibatches
-        return compiled.Background(self.learner.compile, minibatch, self.ctx.device)
+        return compiled.Background(self.learner.compile, minibatch_rows(cfg, self.actors), self.ctx.device)
 
     def _finish_compile(self, compiling: Optional[compiled.Background]) -> None:
         if compiling is not None:  # rank 0 says how it went on every rank

@@ -29,8 +29,8 @@ from ppo_ddp.actor_pool import ActorPool  # noqa: E402
 from ppo_ddp.checkpoint import load_checkpoint  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.envs import make_env  # noqa: E402
-from ppo_ddp.model import ActorCritic  # noqa: E402
 from ppo_ddp.normalization import Moments, merge_rms_states  # noqa: E402
+from ppo_ddp.recurrent import make_model  # noqa: E402
 
 
 def raw_env_rate(env_id: str, seconds: float, seed: int = 0) -> float:
@@ -60,7 +60,7 @@ def pool_rate(cfg: Config, obs_dim: int, act_dim: int, seconds: float, checkpoin
     statistics of its warm-up round, or a checkpoint's policy with its statistics (the states a trained policy
     visits, which may cost the env more or less per step)."""
     torch.manual_seed(cfg.seed)
-    model = ActorCritic.from_config(cfg, obs_dim, act_dim)
+    model = make_model(cfg, obs_dim, act_dim)
     with ActorPool(
         cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False
     ) as pool:

@@ -76,31 +76,25 @@ def raw_rate(env_id: str, envs: int, actions: str, seconds: float, seed: int) ->
 
 
 class _Timed:
-    """A callable's (or an env's step and reset) time, added up: the actor's phases without a profiler's overhead."""
+    """An env's step and reset, or the policy kernel's step, timed and added up under `key`: the actor's phases
+    without a profiler's overhead."""
 
     def __init__(self, target, totals: dict[str, float], key: str) -> None:
         self._target, self._totals, self._key = target, totals, key
 
-    def __call__(self, *args):
+    def step(self, *args):
         start = time.perf_counter()
         try:
-            return self._target(*args)
+            return self._target.step(*args)
         finally:
             self._totals[self._key] += time.perf_counter() - start
-
-    def step(self, action):
-        start = time.perf_counter()
-        try:
-            return self._target.step(action)
-        finally:
-            self._totals["env"] += time.perf_counter() - start
 
     def reset(self, **kwargs):
         start = time.perf_counter()
         try:
             return self._target.reset(**kwargs)
         finally:
-            self._totals["env"] += time.perf_counter() - start
+            self._totals[self._key] += time.perf_counter() - start
 
     def close(self) -> None:
         self._target.close()
@@ -115,16 +109,17 @@ def actor_rate(cfg: Config, seconds: float, seed: int) -> tuple[float, dict[str,
 
     from ppo_ddp.actor import Actor
     from ppo_ddp.buffers import BufferSpec, SharedBuffers
-    from ppo_ddp.model import ActorCritic, num_parameters, write_flat_parameters
+    from ppo_ddp.model import num_parameters, write_flat_parameters
     from ppo_ddp.normalization import value_scale  # noqa: F401  (the actor's import, loaded before timing)
+    from ppo_ddp.recurrent import make_model
 
     torch.set_num_threads(1)  # as actor_main
     probe = make_env(cfg.env_id)
     obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
     probe.close()
     torch.manual_seed(cfg.seed)
-    model = ActorCritic.from_config(cfg, obs_dim, act_dim)
-    spec = BufferSpec(1, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_parameters(model))
+    model = make_model(cfg, obs_dim, act_dim)
+    spec = BufferSpec.for_config(cfg, 1, obs_dim, act_dim, num_parameters(model))
     buffers = SharedBuffers.create(spec)
     actor = None
     try:

@@ -19,8 +19,9 @@ from test_train import SMALL, read_csv, run
 
 from ppo_ddp.config import Config
 from ppo_ddp.learner import Learner, RolloutBatch
-from ppo_ddp.model import ActorCritic
+from ppo_ddp.model import ActorCritic, gaussian_log_prob
 from ppo_ddp.ppo_step import FlatAdam
+from ppo_ddp.recurrent import RecurrentActorCritic, make_model
 
 # Hopper's sizes and the mini-batch of 16 that tests/test_train.py's SMALL runs train on: the default config's
 # step compiled here is the one those runs load from inductor's cache, and the reverse (one build per shape).
@@ -38,6 +39,8 @@ CONFIGS = {
         learner_threads=2,
     ),  # fmt: skip
     "elu-anneal": Config(activation="elu", hidden_sizes=(24,), max_grad_norm=0.05),
+    # the recurrent policy: mini-batches of chunks, unrolled from their entering states with resets inside
+    "gru-chunks": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), ent_coef=0.01),
 }
 
 
@@ -45,8 +48,18 @@ def mean_std(x: torch.Tensor) -> tuple[float, float]:
     return x.mean().item(), x.std().item()
 
 
-def batch_for(model: ActorCritic, seed: int) -> RolloutBatch:
+def batch_for(model: ActorCritic | RecurrentActorCritic, seed: int) -> RolloutBatch:
     g = torch.Generator().manual_seed(seed)
+    if isinstance(model, RecurrentActorCritic):  # B samples as chunks of L steps, episodes starting inside some
+        L = CONFIGS["gru-chunks"].seq_length
+        obs, h0 = torch.randn(B // L, L, OBS, generator=g), 0.5 * torch.randn(B // L, 2, 8, generator=g)
+        starts = (torch.rand(B // L, L, generator=g) < 0.2).float()
+        with torch.no_grad():
+            mean, values, _ = model.forward_chunks(obs, h0, starts)
+        actions = mean + torch.randn(mean.shape, generator=g) * model.actor_logstd.exp()
+        logp = gaussian_log_prob(mean, model.actor_logstd, actions).detach()
+        advantages = torch.randn(B // L, L, generator=g)
+        return RolloutBatch(obs, actions.detach(), logp, values, advantages, advantages + values + 0.5, h0, starts)
     obs = torch.randn(B, OBS, generator=g)
     with torch.no_grad():
         actions, logp, values = model.sample(obs, g)
@@ -56,11 +69,12 @@ def batch_for(model: ActorCritic, seed: int) -> RolloutBatch:
 
 def learner_for(cfg: Config, compile: bool) -> Learner:
     torch.manual_seed(0)
-    model = ActorCritic(OBS, ACT, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+    model = make_model(cfg, OBS, ACT)
     cfg = dataclasses.replace(cfg, update_epochs=3, num_minibatches=MINIBATCHES)
     learner = Learner(cfg, model, torch.device("cpu"))
     if compile:
-        assert learner.compile(B // MINIBATCHES) is None
+        rows = B // (cfg.seq_length if cfg.policy == "gru" else 1)
+        assert learner.compile(rows // MINIBATCHES) is None
     return learner
 
 

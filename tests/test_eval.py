@@ -13,6 +13,7 @@ from ppo_ddp.envs import make_env
 from ppo_ddp.evaluator import eval_seed, play_episodes
 from ppo_ddp.model import ActorCritic, read_flat_parameters
 from ppo_ddp.normalization import Moments
+from ppo_ddp.recurrent import make_model
 
 EVAL = ["--eval-interval", "2", "--eval-episodes", "2", "--param-sync-interval", "3"]  # round 2: ranks differ
 
@@ -35,7 +36,7 @@ def mean_policy_of(tmp_path, iteration: int) -> torch.Tensor:
 def replay(tmp_path, iteration: int) -> list[tuple[float, int]]:
     """The evaluation of a round redone here: the ranks' mean policy and the statistics after that round."""
     cfg = Config(env_id="Hopper-v5", seed=1, log_std_init=0.0)
-    model = ActorCritic.from_config(cfg, 11, 3)
+    model = make_model(cfg, 11, 3)
     read_flat_parameters(model, mean_policy_of(tmp_path, iteration))
     obs_rms = Moments.from_state(dump(tmp_path, 0, iteration)["obs_rms"])
     env = make_env("Hopper-v5")

@@ -29,12 +29,14 @@ LAYERS = [
     "capacity",
     "buffers",
     "signals",
+    "recurrent",
     "model",
     "normalization",
     "rollout",
     "config",
     "topology",
     "envs",
+    "partial_envs",
 ]
 """Top to bottom: a module imports only modules below it (a type-checking-only import aside)."""
 

@@ -199,7 +199,8 @@ class NoFloat64(torch.Tensor):
 
 
 def on_device_without_float64(batch: RolloutBatch) -> RolloutBatch:
-    return RolloutBatch(*(getattr(batch, f.name).as_subclass(NoFloat64) for f in dataclasses.fields(batch)))
+    fields = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    return RolloutBatch(*(t if t is None else t.as_subclass(NoFloat64) for t in fields))
 
 
 def test_stand_in_refuses_float64_on_the_device_only():

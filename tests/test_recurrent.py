@@ -90,7 +90,7 @@ def test_the_actor_s_numpy_steps_are_the_learner_s_unroll():
     means, values = [], []
     for t in range(T):
         h[starts[:, t].numpy() == 1] = 0.0
-        mean, value, h = kernel(obs[:, t].numpy(), h)
+        mean, value, h = kernel.step(obs[:, t].numpy(), h)
         means.append(mean)
         values.append(value)
     with torch.no_grad():

@@ -349,3 +349,21 @@ def test_a_worker_with_another_space_is_refused(tiny_study):
 def test_the_shipped_spaces_are_valid(path):
     space = load_space(path)
     assert space.enqueue  # each starts from its base preset's values
+
+
+def test_the_recurrent_policy_s_fields_can_be_searched():
+    space = parse_space(
+        {
+            "base": "configs/hopper_novel.yaml",
+            "envs": {"ppo_ddp/HopperNoVel-v5": 2500},
+            "eval_every_steps": 100_000,
+            "params": {
+                "policy": {"type": "categorical", "choices": ["mlp", "gru"]},
+                "rnn_hidden_size": {"type": "categorical", "choices": [32, 64, 128]},
+                "seq_length": {"type": "categorical", "choices": [8, 16, 32]},
+            },
+            "enqueue": [{"policy": "gru", "rnn_hidden_size": 64, "seq_length": 16}],
+        },
+        "gru space",
+    )
+    assert [p.name for p in space.params] == ["policy", "rnn_hidden_size", "seq_length"]
