@@ -30,13 +30,19 @@ def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
     return layer
 
 
-def _mlp(n_in: int, hidden: Sequence[int], n_out: int, activation: str, out_gain: float) -> nn.Sequential:
+def hidden_layers(n_in: int, hidden: Sequence[int], activation: str) -> list[nn.Module]:
+    """Linear layers of the hidden widths, each followed by the activation (an MLP's body, a GRU's encoder)."""
     layers: list[nn.Module] = []
     for h in hidden:
         layers += [_layer(n_in, h, math.sqrt(2)), ACTIVATIONS[activation]()]
         n_in = h
-    layers.append(_layer(n_in, n_out, out_gain))
-    return nn.Sequential(*layers)
+    return layers
+
+
+def _mlp(n_in: int, hidden: Sequence[int], n_out: int, activation: str, out_gain: float) -> nn.Sequential:
+    return nn.Sequential(
+        *hidden_layers(n_in, hidden, activation), _layer(hidden[-1] if hidden else n_in, n_out, out_gain)
+    )
 
 
 def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -180,6 +186,13 @@ def read_flat_parameters(model: nn.Module, flat: torch.Tensor) -> None:
         p.copy_(view)
 
 
+def numpy_linear(weight: torch.Tensor, bias: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's (weight transposed, bias) as C-contiguous float32 numpy, so that x @ w + b is F.linear(x, weight,
+    bias): how the actors' numpy kernels hold every layer."""
+    w = weight.detach().cpu().numpy().T.astype(np.float32, order="C")
+    return w, bias.detach().cpu().numpy().astype(np.float32)
+
+
 def _elu_(h: np.ndarray) -> None:
     """ELU in place as max(h, exp(min(h, 0)) - 1): h where h > 0, exp(h) - 1 elsewhere (exp(h) - 1 >= h everywhere).
     numpy's exp is vectorised and its expm1 is not: 4-5x faster on the actors' [32, 512] activations, within an ulp
@@ -216,11 +229,7 @@ class PolicyKernel:
         self.value_scale = value_scale(value_rms)
 
         def linears(seq: torch.nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
-            return [
-                (m.weight.detach().numpy().T.astype(np.float32, order="C"), m.bias.detach().numpy().astype(np.float32))
-                for m in seq
-                if isinstance(m, torch.nn.Linear)
-            ]
+            return [numpy_linear(m.weight, m.bias) for m in seq if isinstance(m, torch.nn.Linear)]
 
         actor, critic = linears(model.actor_mean), linears(model.critic)
         self.width = actor[0][0].shape[1]

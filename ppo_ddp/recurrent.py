@@ -19,7 +19,6 @@ episode never sees its predecessor's memory, whichever step of a chunk it starts
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Optional
 
@@ -30,12 +29,14 @@ from torch import nn
 from ppo_ddp.config import Config
 from ppo_ddp.model import (
     ACTIVATION_FUNCTIONS,
-    ACTIVATIONS,
     ActorCritic,
     PolicyKernel,
     _layer,
+    _mlp_forward,
     gaussian_entropy,
     gaussian_log_prob,
+    hidden_layers,
+    numpy_linear,
 )
 from ppo_ddp.normalization import Moments, value_scale
 
@@ -89,11 +90,8 @@ class NumpyGRU:
     `load(w_ih, b_ih, w_hh, b_hh)` takes torch's tensors, `step(x, h)` returns the new state, float32."""
 
     def load(self, w_ih: torch.Tensor, b_ih: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor) -> None:
-        def arr(t: torch.Tensor) -> np.ndarray:
-            return t.detach().cpu().numpy().astype(np.float32)
-
-        self.w_ih_t, self.b_ih = np.ascontiguousarray(arr(w_ih).T), arr(b_ih)
-        self.w_hh_t, self.b_hh = np.ascontiguousarray(arr(w_hh).T), arr(b_hh)
+        self.w_ih_t, self.b_ih = numpy_linear(w_ih, b_ih)
+        self.w_hh_t, self.b_hh = numpy_linear(w_hh, b_hh)
         self.hidden = self.b_hh.shape[0] // 3
 
     def step(self, x: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -110,15 +108,6 @@ class NumpyGRU:
         n += gx[:, 2 * H :]
         np.tanh(n, out=n)
         return n + z * (h - n)
-
-
-def _encoder(n_in: int, hidden: Sequence[int], activation: str) -> nn.Sequential:
-    """The MLP before a GRU: every layer followed by the activation (the GRU reads its output)."""
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [_layer(n_in, h, math.sqrt(2)), ACTIVATIONS[activation]()]
-        n_in = h
-    return nn.Sequential(*layers)
 
 
 def _gru(n_in: int, hidden: int) -> nn.GRU:
@@ -148,10 +137,11 @@ class RecurrentActorCritic(nn.Module):
         self.obs_dim, self.act_dim, self.rnn_hidden_size = obs_dim, act_dim, rnn_hidden_size
         self.activation = ACTIVATION_FUNCTIONS[activation]
         width = hidden_sizes[-1] if hidden_sizes else obs_dim
-        self.critic_encoder = _encoder(obs_dim, hidden_sizes, activation)
+        # the encoders: every layer followed by the activation (the GRU reads their output)
+        self.critic_encoder = nn.Sequential(*hidden_layers(obs_dim, hidden_sizes, activation))
         self.critic_gru = _gru(width, rnn_hidden_size)
         self.critic = _layer(rnn_hidden_size, 1, 1.0)
-        self.actor_encoder = _encoder(obs_dim, hidden_sizes, activation)
+        self.actor_encoder = nn.Sequential(*hidden_layers(obs_dim, hidden_sizes, activation))
         self.actor_gru = _gru(width, rnn_hidden_size)
         self.actor_mean = _layer(rnn_hidden_size, act_dim, 0.01)
         self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
@@ -170,10 +160,7 @@ class RecurrentActorCritic(nn.Module):
         self, params: Sequence[torch.Tensor], core: str, obs: torch.Tensor, h0: torch.Tensor, starts: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One core over a chunk, time first: obs [T, N, D], h0 [N, H], starts [T, N] → (states [T, N, H], last)."""
-        x = obs
-        encoder = self._part(params, f"{core}_encoder")
-        for w, b in zip(encoder[::2], encoder[1::2]):
-            x = self.activation(nn.functional.linear(x, w, b))
+        x = self.activation(_mlp_forward(obs, self._part(params, f"{core}_encoder"), self.activation))
         w_ih, w_hh, b_ih, b_hh = self._part(params, f"{core}_gru")  # nn.GRU's order
         return unroll(input_projection(x, w_ih, b_ih), h0, starts, w_hh, b_hh)
 
@@ -236,18 +223,15 @@ class RecurrentKernel:
         """The round's weights; value_rms as PolicyKernel.load's."""
         self.value_scale = value_scale(value_rms)
 
-        def arr(t: torch.Tensor) -> np.ndarray:
-            return t.detach().cpu().numpy().astype(np.float32)
-
         self.cores = []
         for encoder, gru, head in (
             (model.actor_encoder, model.actor_gru, model.actor_mean),
             (model.critic_encoder, model.critic_gru, model.critic),
         ):
-            layers = [(np.ascontiguousarray(arr(m.weight).T), arr(m.bias)) for m in encoder if isinstance(m, nn.Linear)]
+            layers = [numpy_linear(m.weight, m.bias) for m in encoder if isinstance(m, nn.Linear)]
             cell = NumpyGRU()
             cell.load(gru.weight_ih_l0, gru.bias_ih_l0, gru.weight_hh_l0, gru.bias_hh_l0)
-            self.cores.append((layers, cell, (np.ascontiguousarray(arr(head.weight).T), arr(head.bias))))
+            self.cores.append((layers, cell, numpy_linear(head.weight, head.bias)))
 
     def step(self, obs: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         outputs, states = [], []
