@@ -51,8 +51,9 @@ def input_projection(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor) ->
 
 
 def gru_cell(x_proj: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
-    """One step from the input's projection [N, 3H] and the entering state [N, H]: the new state [N, H]."""
-    h_proj = torch.nn.functional.linear(h, w_hh, b_hh)
+    """One step of K cores at once from the input's projection [K, N, 3H] and the entering state [K, N, H], with
+    each core's w_hh [K, 3H, H] and b_hh [K, 3H]: the new state [K, N, H]."""
+    h_proj = torch.baddbmm(b_hh.unsqueeze(1), h, w_hh.transpose(1, 2))
     x_r, x_z, x_n = x_proj.chunk(3, dim=-1)
     h_r, h_z, h_n = h_proj.chunk(3, dim=-1)
     r = torch.sigmoid(x_r + h_r)
@@ -64,11 +65,13 @@ def gru_cell(x_proj: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor, b_hh: to
 def unroll(
     x_proj: torch.Tensor, h0: torch.Tensor, episode_start: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The states of a chunk, time first: x_proj [T, N, 3H], h0 [N, H] (the state entering step 0), episode_start
-    [T, N] (1.0 where step t starts an episode). Returns (the state after each step [T, N, H], the last one).
+    """The states of K cores over a chunk, time first: x_proj [T, K, N, 3H], h0 [K, N, H] (the state entering
+    step 0), episode_start [T, N] (1.0 where step t starts an episode), w_hh [K, 3H, H], b_hh [K, 3H]. Returns
+    (the state after each step [T, K, N, H], the last one [K, N, H]).
 
-    A loop over T (seq_length, fixed for a run): compiled, dynamo unrolls it into the step's one graph."""
-    keep = 1.0 - episode_start.unsqueeze(-1)
+    The cores step together (one batched product a step rather than one per core): the loop over T (seq_length,
+    fixed for a run) is the sequential part, and dynamo unrolls it into the compiled step's one graph."""
+    keep = 1.0 - episode_start[:, None, :, None]
     h, out = h0, []
     for t in range(x_proj.shape[0]):
         h = gru_cell(x_proj[t], h * keep[t], w_hh, b_hh)
@@ -156,26 +159,26 @@ class RecurrentActorCritic(nn.Module):
     def _part(self, params: Sequence[torch.Tensor], part: str) -> list[torch.Tensor]:
         return [params[i] for i in self._at[part]]
 
-    def _core(
-        self, params: Sequence[torch.Tensor], core: str, obs: torch.Tensor, h0: torch.Tensor, starts: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One core over a chunk, time first: obs [T, N, D], h0 [N, H], starts [T, N] → (states [T, N, H], last)."""
-        x = self.activation(_mlp_forward(obs, self._part(params, f"{core}_encoder"), self.activation))
-        w_ih, w_hh, b_ih, b_hh = self._part(params, f"{core}_gru")  # nn.GRU's order
-        return unroll(input_projection(x, w_ih, b_ih), h0, starts, w_hh, b_hh)
-
     def forward_chunks(
         self, obs: torch.Tensor, h0: torch.Tensor, starts: torch.Tensor, params: Optional[Sequence[torch.Tensor]] = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Chunks first: obs [C, T, D], h0 [C, 2, H] (the state entering each chunk's first step), starts [C, T].
         Returns (action mean [C, T, A], value [C, T], the state after each chunk's last step [C, 2, H])."""
         params = list(self.parameters()) if params is None else params
-        obs_t, starts_t = obs.transpose(0, 1), starts.transpose(0, 1)  # time first for the unroll
-        actor, actor_last = self._core(params, "actor", obs_t, h0[:, 0], starts_t)
-        critic, critic_last = self._core(params, "critic", obs_t, h0[:, 1], starts_t)
-        mean = nn.functional.linear(actor, *self._part(params, "actor_mean")).transpose(0, 1)
-        value = nn.functional.linear(critic, *self._part(params, "critic")).squeeze(-1).transpose(0, 1)
-        return mean, value, torch.stack([actor_last, critic_last], dim=1)
+        obs_t = obs.transpose(0, 1)  # time first for the unroll
+        projections, w_hh, b_hh = [], [], []
+        for core in CORES:
+            x = self.activation(_mlp_forward(obs_t, self._part(params, f"{core}_encoder"), self.activation))
+            w_ih, w, b_ih, b = self._part(params, f"{core}_gru")  # nn.GRU's order
+            projections.append(input_projection(x, w_ih, b_ih))
+            w_hh.append(w)
+            b_hh.append(b)
+        states, last = unroll(
+            torch.stack(projections, 1), h0.transpose(0, 1), starts.transpose(0, 1), torch.stack(w_hh), torch.stack(b_hh)
+        )
+        mean = nn.functional.linear(states[:, 0], *self._part(params, "actor_mean")).transpose(0, 1)
+        value = nn.functional.linear(states[:, 1], *self._part(params, "critic")).squeeze(-1).transpose(0, 1)
+        return mean, value, last.transpose(0, 1)
 
     def evaluate_chunks(
         self,

@@ -51,6 +51,8 @@ PRESETS = {
     # the partly observed envs (ppo_ddp/partial_envs.py)
     "halfcheetah_novel": ("ppo_ddp/HalfCheetahNoVel-v5", "configs/halfcheetah_novel.yaml"),
     "hopper_novel": ("ppo_ddp/HopperNoVel-v5", "configs/hopper_novel.yaml"),
+    "walker2d_novel": ("ppo_ddp/Walker2dNoVel-v5", "configs/walker2d_novel.yaml"),
+    "pendulum_novel": ("ppo_ddp/PendulumNoVel-v1", "configs/pendulum_novel.yaml"),
 }
 
 FIELDS = [
