@@ -173,9 +173,8 @@ class RecurrentActorCritic(nn.Module):
             projections.append(input_projection(x, w_ih, b_ih))
             w_hh.append(w)
             b_hh.append(b)
-        states, last = unroll(
-            torch.stack(projections, 1), h0.transpose(0, 1), starts.transpose(0, 1), torch.stack(w_hh), torch.stack(b_hh)
-        )
+        x_proj, w_hh, b_hh = torch.stack(projections, 1), torch.stack(w_hh), torch.stack(b_hh)
+        states, last = unroll(x_proj, h0.transpose(0, 1), starts.transpose(0, 1), w_hh, b_hh)
         mean = nn.functional.linear(states[:, 0], *self._part(params, "actor_mean")).transpose(0, 1)
         value = nn.functional.linear(states[:, 1], *self._part(params, "critic")).squeeze(-1).transpose(0, 1)
         return mean, value, last.transpose(0, 1)
