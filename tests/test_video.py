@@ -83,13 +83,13 @@ LAST_FRAME = textwrap.dedent(
 )
 
 
-def train_with_video(tmp_path: Path, gl: str | None):
+def train_with_video(tmp_path: Path, gl: str | None, *flags: str):
     from test_train import SMALL
 
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")}
     env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", **({"MUJOCO_GL": gl} if gl else {}))
     args = [*SMALL, "--total-timesteps", "192", "--eval-interval", "2", "--eval-episodes", "2", "--capture-video"]
-    args += ["--runs-dir", str(tmp_path), "--run-name", "v"]
+    args += ["--runs-dir", str(tmp_path), "--run-name", "v", *flags]
     cmd = [sys.executable, "train.py", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
@@ -100,9 +100,15 @@ def renderer_here() -> bool:
     return proc.returncode == 0 and "skip" not in proc.stdout
 
 
-def test_capture_video_records_an_evaluation_episode_with_the_robot_in_its_last_frame(tmp_path):
+# A GRU policy's video: the recorded episode carries the policy's state step by step, as the replay does, so the
+# replay ends where the video does only if both start from a zero state and step it alike.
+GRU = ["--policy", "gru", "--seq-length", "4", "--rnn-hidden-size", "8", "--hidden-sizes", "16"]
+
+
+@pytest.mark.parametrize("flags", [[], GRU], ids=["mlp", "gru"])
+def test_capture_video_records_an_evaluation_episode_with_the_robot_in_its_last_frame(tmp_path, flags):
     pytest.importorskip("moviepy", reason="pip install -r requirements-extras.txt")
-    proc = train_with_video(tmp_path, os.environ.get("MUJOCO_GL"))  # unset: egl, the headless default
+    proc = train_with_video(tmp_path, os.environ.get("MUJOCO_GL"), *flags)  # unset: egl, the headless default
     if not renderer_here():  # the other outcome the issue allows: a refusal at start
         assert proc.returncode == 2 and "capture_video=True: MuJoCo cannot render here" in proc.stderr
         return
