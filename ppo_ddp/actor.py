@@ -123,7 +123,7 @@ class Actor:
         self.kernel = make_kernel(self.model, cfg.activation)
         # A GRU's memory of each env (None for an MLP): zeroed when the env's episode ends, carried across rounds;
         # `starting` marks the envs whose current observation is the first of an episode (all, after the first reset)
-        self.state = np.zeros((E, 2, spec.rnn_hidden), dtype=np.float32) if spec.rnn_hidden else None
+        self.state = np.zeros((E, spec.rnn_hidden), dtype=np.float32) if spec.rnn_hidden else None
         self.starting = np.ones(E, dtype=bool)
         self.generator = torch.Generator().manual_seed(noise_seed(cfg.seed, rank, actor_id))
         if noise_state is not None:  # resumed from a checkpoint: continue the noise where it stopped

@@ -36,8 +36,8 @@ terminated     uint8    [A, T, E]           1 / 0
 truncated      uint8    [A, T, E]           1 / 0
 *recurrent*    (policy "gru" only: rnn_hidden H > 0; L = seq_length, T a multiple of it)
 episode_start  uint8    [A, T, E]           1: obs[t] is the first of an episode (the state entering step t is zero)
-hidden         float32  [A, T/L, E, 2, H]   the GRU states (actor's core, critic's) entering step c * L of each
-                                            env: the state the update unrolls chunk c from
+hidden         float32  [A, T/L, E, H]      the GRU state entering step c * L of each env: the state the update
+                                            unrolls chunk c from
 =============  =======  ==================  ======================================================
 
 Sentinel (`fill_sentinel`): NaN in every float field of the rollout, `FLAG_SENTINEL` (255) in the flags, so a
@@ -136,7 +136,7 @@ class BufferSpec:
             "terminated": (u8, (A, T, E)),
             "truncated": (u8, (A, T, E)),
             **(
-                {"episode_start": (u8, (A, T, E)), "hidden": (f32, (A, T // self.seq_length, E, 2, self.rnn_hidden))}
+                {"episode_start": (u8, (A, T, E)), "hidden": (f32, (A, T // self.seq_length, E, self.rnn_hidden))}
                 if self.rnn_hidden
                 else {}
             ),

@@ -58,7 +58,7 @@ class RolloutBatch:
         )
         if L is not None:
             batch.episode_start = rows(buffers.episode_start, 0).float()
-            hidden = buffers.hidden.movedim(2, 1)  # [A, T/L, E, 2, H] -> [A, E, T/L, 2, H]: the chunks' order
+            hidden = buffers.hidden.movedim(2, 1)  # [A, T/L, E, H] -> [A, E, T/L, H]: the chunks' order
             batch.hidden = hidden.reshape(-1, *hidden.shape[3:]).to(device, non_blocking=True)
         return batch
 
@@ -160,7 +160,7 @@ class Learner:
         model, steps = self.model, ((self.cfg.seq_length,) if self.cfg.policy == "gru" else ())
         dims = ((*steps, model.obs_dim), (*steps, model.act_dim), steps, steps, steps, steps)
         if self.cfg.policy == "gru":
-            dims += ((2, self.cfg.rnn_hidden_size), steps)
+            dims += ((self.cfg.rnn_hidden_size,), steps)
         return Minibatch(*(torch.zeros(rows, *d, device=self.device) for d in dims))
 
     def _state(self) -> list[torch.Tensor]:

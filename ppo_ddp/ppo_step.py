@@ -42,7 +42,7 @@ class Minibatch:
     neg_adv: torch.Tensor
     returns: torch.Tensor
     hidden: Optional[torch.Tensor] = None
-    """[C, 2, H]: the GRU states entering each chunk (policy "gru")."""
+    """[C, H]: the GRU states entering each chunk (policy "gru")."""
     episode_start: Optional[torch.Tensor] = None
     """[C, L], 1.0 where the step starts an episode (policy "gru")."""
 

@@ -53,6 +53,10 @@ PRESETS = {
     "hopper_novel": ("ppo_ddp/HopperNoVel-v5", "configs/hopper_novel.yaml"),
     "walker2d_novel": ("ppo_ddp/Walker2dNoVel-v5", "configs/walker2d_novel.yaml"),
     "pendulum_novel": ("ppo_ddp/PendulumNoVel-v1", "configs/pendulum_novel.yaml"),
+    "halfcheetah_novel_gru": ("ppo_ddp/HalfCheetahNoVel-v5", "configs/halfcheetah_novel_gru.yaml"),
+    "hopper_novel_gru": ("ppo_ddp/HopperNoVel-v5", "configs/hopper_novel_gru.yaml"),
+    "walker2d_novel_gru": ("ppo_ddp/Walker2dNoVel-v5", "configs/walker2d_novel_gru.yaml"),
+    "pendulum_novel_gru": ("ppo_ddp/PendulumNoVel-v1", "configs/pendulum_novel_gru.yaml"),
 }
 
 FIELDS = [

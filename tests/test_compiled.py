@@ -52,7 +52,7 @@ def batch_for(model: ActorCritic | RecurrentActorCritic, seed: int) -> RolloutBa
     g = torch.Generator().manual_seed(seed)
     if isinstance(model, RecurrentActorCritic):  # B samples as chunks of L steps, episodes starting inside some
         L = CONFIGS["gru-chunks"].seq_length
-        obs, h0 = torch.randn(B // L, L, OBS, generator=g), 0.5 * torch.randn(B // L, 2, 8, generator=g)
+        obs, h0 = torch.randn(B // L, L, OBS, generator=g), 0.5 * torch.randn(B // L, 8, generator=g)
         starts = (torch.rand(B // L, L, generator=g) < 0.2).float()
         with torch.no_grad():
             mean, values, _ = model.forward_chunks(obs, h0, starts)

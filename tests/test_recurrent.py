@@ -20,24 +20,8 @@ def weights(gru: torch.nn.GRU) -> tuple[torch.Tensor, ...]:
 
 
 def run_unroll(gru: torch.nn.GRU, x: torch.Tensor, h0: torch.Tensor, starts: torch.Tensor):
-    """unroll() with one core: (states [T, N, H], last [N, H])."""
     w_ih, b_ih, w_hh, b_hh = weights(gru)
-    out, last = unroll(input_projection(x, w_ih, b_ih)[:, None], h0[None], starts, w_hh[None], b_hh[None])
-    return out[:, 0], last[0]
-
-
-def test_cores_unrolled_together_are_each_unrolled_alone():
-    grus = [reference_gru(5), reference_gru(6)]
-    x, h0 = torch.randn(2, T, N, IN), torch.randn(2, N, H)
-    starts = (torch.rand(T, N) < 0.2).float()
-    with torch.no_grad():
-        w = [weights(g) for g in grus]
-        proj = torch.stack([input_projection(x[k], w[k][0], w[k][1]) for k in range(2)], 1)
-        out, last = unroll(proj, h0, starts, torch.stack([w[0][2], w[1][2]]), torch.stack([w[0][3], w[1][3]]))
-        for k, gru in enumerate(grus):
-            alone, alone_last = run_unroll(gru, x[k], h0[k], starts)
-            torch.testing.assert_close(out[:, k], alone)
-            torch.testing.assert_close(last[k], alone_last)
+    return unroll(input_projection(x, w_ih, b_ih), h0, starts, w_hh, b_hh)
 
 
 def test_the_unroll_without_resets_is_torch_s_gru():
@@ -86,7 +70,7 @@ def test_the_numpy_step_is_the_torch_step():
     kernel.load(w_ih, b_ih, w_hh, b_hh)
     x, h = torch.randn(N, IN) * 3, torch.randn(N, H)
     with torch.no_grad():
-        expected = gru_cell(input_projection(x, w_ih, b_ih)[None], h[None], w_hh[None], b_hh[None])[0]
+        expected = gru_cell(input_projection(x, w_ih, b_ih), h, w_hh, b_hh)
     got = kernel.step(x.numpy(), h.numpy())
     assert got.dtype == np.float32 and got.shape == (N, H)
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
@@ -101,7 +85,7 @@ def test_the_actor_s_numpy_steps_are_the_learner_s_unroll():
     kernel = RecurrentKernel(model, "elu")
     obs = torch.randn(C, T, D)
     starts = (torch.rand(C, T) < 0.2).float()
-    h0 = torch.randn(C, 2, 8)
+    h0 = torch.randn(C, 8)
     h = h0.numpy().copy()
     means, values = [], []
     for t in range(T):
@@ -120,7 +104,7 @@ def test_evaluate_chunks_on_a_flat_parameter_is_the_model_s():
     """The PPO step's path (views of one flat tensor) and the module's own parameters give the same numbers."""
     torch.manual_seed(5)
     model = RecurrentActorCritic(4, 2, (8,), "tanh", 0.0, rnn_hidden_size=6)
-    obs, actions, h0 = torch.randn(3, T, 4), torch.randn(3, T, 2), torch.zeros(3, 2, 6)
+    obs, actions, h0 = torch.randn(3, T, 4), torch.randn(3, T, 2), torch.zeros(3, 6)
     starts = torch.zeros(3, T)
     starts[:, 0] = 1.0
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

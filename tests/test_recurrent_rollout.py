@@ -75,7 +75,7 @@ def test_the_learner_s_unroll_reproduces_the_actor_s_log_probs_and_values(actor_
     learner over whole chunks from their stored entering states, are the actor's."""
     _, rounds = actor_rounds
     for k, (model, batch, arrays, _) in enumerate(rounds):
-        assert batch.obs.shape == (E * T // L, L, 3) and batch.hidden.shape == (E * T // L, 2, 8)
+        assert batch.obs.shape == (E * T // L, L, 3) and batch.hidden.shape == (E * T // L, 8)
         with torch.no_grad():
             logp, _, value = model.evaluate_chunks(batch.obs, batch.actions, batch.hidden, batch.episode_start)
         torch.testing.assert_close(logp, batch.logp, rtol=1e-5, atol=1e-5, msg=f"round {k}")
