@@ -184,11 +184,14 @@ def _partial_table(rows: list[dict[str, str]]) -> list[str]:
     if not mine:
         return []
     lines = [
-        "## Partly observed envs (velocities hidden), 1M env steps",
+        "## Partly observed envs (velocities hidden), 1M env steps (PendulumNoVel-v1: 300k)",
         "",
-        "`ppo_ddp/<Robot>NoVel-v5`: the robot's observation without its velocity block (ppo_ddp/partial_envs.py). "
+        "`ppo_ddp/<Robot>NoVel-v5`: the robot's observation without its velocity block (ppo_ddp/partial_envs.py); "
+        "`ppo_ddp/PendulumNoVel-v1`: Pendulum's without its angular velocity. "
         "Per policy, the preset (or the flags) each row ran; the last column is the full-observation preset's "
-        "mean from the first table.",
+        "mean from the first table. The rows of an MLP preset run with `--policy gru` are the first GRU "
+        "(a core each for actor and critic, commits 517a7ac-81f9359); the `*_novel_gru.yaml` presets run the "
+        'GRU of today, one core for both (docs/design.md, "Recurrent policies").',
         "",
         "| env | policy | preset, flags | ppo_ddp (seeds) | full observation, 1 learner |",
         "|---|---|---|---|---|",

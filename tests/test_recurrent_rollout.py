@@ -28,17 +28,23 @@ from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.envs import env_seed  # noqa: E402
 from ppo_ddp.learner import RolloutBatch  # noqa: E402
 from ppo_ddp.model import num_parameters, write_flat_parameters  # noqa: E402
-from ppo_ddp.normalization import Moments, normalize_obs  # noqa: E402
+from ppo_ddp.normalization import Moments, normalize_obs, value_scale  # noqa: E402
 from ppo_ddp.recurrent import RecurrentActorCritic, make_model  # noqa: E402
 
 T, L, E, ROUNDS = 12, 4, 2, 3
 OBS_RMS = Moments(np.array([100.0, 2.0, 3.0]), np.array([9.0, 4.0, 300.0]), 50.0)
+VALUE_RMS = Moments(np.array(5.0), np.array(16.0), 40.0)  # the last round's: its critic learns normalised returns
+
+
+def critic_scale(k: int) -> tuple[float, float]:
+    """(mean, std) the actor multiplies round k's critic output back with (normalize_value)."""
+    return value_scale(VALUE_RMS) if k == ROUNDS - 1 else (0.0, 1.0)
 
 
 def config(**kw) -> Config:
     defaults = dict(env_id="scripted_env:Scripted-v0", policy="gru", seq_length=L, rnn_hidden_size=8,
                     hidden_sizes=(16,), rollout_length=T, envs_per_actor=E, actors_per_gpu=1, num_minibatches=1,
-                    seed=3, normalize_reward=False)  # fmt: skip
+                    seed=3, normalize_reward=False, normalize_value=True)  # fmt: skip
     return Config(**{**defaults, **kw})
 
 
@@ -58,7 +64,7 @@ def actor_rounds():
             torch.manual_seed(k + 1)
             model = make_model(cfg, 3, 2)
             write_flat_parameters(model, buffers.weights)
-            buffers.write_stats(OBS_RMS if k else None, None, None)
+            buffers.write_stats(OBS_RMS if k else None, None, VALUE_RMS if k == ROUNDS - 1 else None)
             actor.sample(k)
             batch = RolloutBatch.from_buffers(buffers, torch.device("cpu"))
             arrays = {name: buffers.arrays[name][0].copy() for name in buffers.spec.rollout_fields()}
@@ -79,7 +85,8 @@ def test_the_learner_s_unroll_reproduces_the_actor_s_log_probs_and_values(actor_
         with torch.no_grad():
             logp, _, value = model.evaluate_chunks(batch.obs, batch.actions, batch.hidden, batch.episode_start)
         torch.testing.assert_close(logp, batch.logp, rtol=1e-5, atol=1e-5, msg=f"round {k}")
-        torch.testing.assert_close(value, batch.values, rtol=1e-5, atol=1e-5, msg=f"round {k}")
+        mean, std = critic_scale(k)
+        torch.testing.assert_close(value * std + mean, batch.values, rtol=1e-5, atol=1e-5, msg=f"round {k}")
         starts = arrays["episode_start"]  # [T, E]
         assert starts[1:].any() and (starts.sum(0) >= 2).all(), "episodes start inside the round"
 
@@ -115,7 +122,8 @@ def test_a_truncation_bootstraps_from_the_state_after_its_step(actor_rounds):
                     _, wrong, _ = model.forward_chunks(
                         torch.as_tensor(final).view(1, 1, 3), 0 * after, torch.zeros(1, 1)
                     )
-                assert arrays["next_values"][t, e] == pytest.approx(value.item(), rel=1e-5, abs=1e-5)
+                mean, std = critic_scale(k)
+                assert arrays["next_values"][t, e] == pytest.approx(value.item() * std + mean, rel=1e-5, abs=1e-5)
                 assert abs(value.item() - wrong.item()) > 1e-4  # the state matters: the check can fail
                 checked += 1
     assert checked >= 3
