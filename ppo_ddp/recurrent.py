@@ -46,15 +46,61 @@ def input_projection(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor) ->
     return torch.nn.functional.linear(x, w_ih, b_ih)
 
 
-def gru_cell(x_proj: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
-    """One step from the input's projection [N, 3H] and the entering state [N, H]: the new state [N, H]."""
+def gru_gates(
+    x_proj: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gates of one step from the input's projection [N, 3H] and the entering state [N, H]: (r, z, n, and
+    W_hn h + b_hn, which n's gradient needs), each [N, H]."""
     h_proj = torch.nn.functional.linear(h, w_hh, b_hh)
     x_r, x_z, x_n = x_proj.chunk(3, dim=-1)
     h_r, h_z, h_n = h_proj.chunk(3, dim=-1)
     r = torch.sigmoid(x_r + h_r)
     z = torch.sigmoid(x_z + h_z)
     n = torch.tanh(x_n + r * h_n)
+    return r, z, n, h_n
+
+
+def gru_cell(x_proj: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
+    """One step: the new state [N, H]."""
+    _, z, n, _ = gru_gates(x_proj, h, w_hh, b_hh)
     return n + z * (h - n)  # (1 - z) * n + z * h
+
+
+class _Unroll(torch.autograd.Function):
+    """The loop over a chunk's steps with its backward written out. Autograd's own backward of the loop takes two
+    small matrix products a step, one of them for W_hh's gradient; here that gradient is one product over all
+    the chunk's steps at the end, the way cuDNN's RNNs do it (measured: scripts/bench_recurrent.py)."""
+
+    @staticmethod
+    def forward(ctx, x_proj, h0, keep, w_hh, b_hh):  # noqa: ANN001, ANN205 (autograd's signature)
+        h, entering, gates, out = h0, [], [], []
+        for t in range(x_proj.shape[0]):
+            h = h * keep[t]
+            r, z, n, h_n = gru_gates(x_proj[t], h, w_hh, b_hh)
+            entering.append(h)
+            gates.append(torch.stack([r, z, n, h_n]))
+            h = n + z * (h - n)
+            out.append(h)
+        ctx.save_for_backward(torch.stack(entering), torch.stack(gates), keep, w_hh)
+        return torch.stack(out)
+
+    @staticmethod
+    def backward(ctx, d_out):  # noqa: ANN001, ANN205
+        entering, gates, keep, w_hh = ctx.saved_tensors
+        dh, d_x, d_h_proj = torch.zeros_like(d_out[0]), [], []
+        for t in reversed(range(d_out.shape[0])):
+            r, z, n, h_n = gates[t]
+            dh = dh + d_out[t]
+            d_n = dh * (1 - z) * (1 - n * n)  # through tanh: the pre-activation x_n + r * h_n
+            d_z = dh * (entering[t] - n) * z * (1 - z)
+            d_r = d_n * h_n * r * (1 - r)
+            d_x.append(torch.cat([d_r, d_z, d_n], -1))
+            d_h_proj.append(torch.cat([d_r, d_z, d_n * r], -1))
+            dh = (dh * z + d_h_proj[-1] @ w_hh) * keep[t]  # to the state entering step t, then through the reset
+        d_x, d_h_proj = torch.stack(d_x[::-1]), torch.stack(d_h_proj[::-1])
+        flat = d_h_proj.reshape(-1, d_h_proj.shape[-1])
+        d_w = flat.t() @ entering.reshape(-1, entering.shape[-1])
+        return d_x, dh, None, d_w, flat.sum(0)
 
 
 def unroll(
@@ -65,12 +111,8 @@ def unroll(
 
     A loop over T (seq_length, fixed for a run), the sequential part of the update: dynamo unrolls it into the
     compiled step's one graph, and inductor's C++ wrapper calls its few kernels a step (ppo_ddp/compiled.py)."""
-    keep = 1.0 - episode_start.unsqueeze(-1)
-    h, out = h0, []
-    for t in range(x_proj.shape[0]):
-        h = gru_cell(x_proj[t], h * keep[t], w_hh, b_hh)
-        out.append(h)
-    return torch.stack(out), h
+    states = _Unroll.apply(x_proj, h0, 1.0 - episode_start.unsqueeze(-1), w_hh, b_hh)
+    return states, states[-1]
 
 
 def _sigmoid_(x: np.ndarray) -> np.ndarray:

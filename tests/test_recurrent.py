@@ -115,3 +115,30 @@ def test_evaluate_chunks_on_a_flat_parameter_is_the_model_s():
     for a, b in zip(own, viewed):
         torch.testing.assert_close(a, b)
     assert own[0].shape == (3, T) and own[1].dim() == 0 and own[2].shape == (3, T)
+
+
+def test_the_unroll_s_written_out_backward_is_autograd_s():
+    """unroll()'s hand-written backward (one product for W_hh's gradient) against autograd through the plain loop
+    of gru_cell, in float64, with resets inside the chunk and every input differentiated."""
+    torch.manual_seed(7)
+    x = torch.randn(T, N, 3 * H, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(N, H, dtype=torch.float64, requires_grad=True)
+    w_hh = torch.randn(3 * H, H, dtype=torch.float64, requires_grad=True)
+    b_hh = torch.randn(3 * H, dtype=torch.float64, requires_grad=True)
+    starts = (torch.rand(T, N) < 0.25).to(torch.float64)
+    weight = torch.randn(T, N, H, dtype=torch.float64)  # a loss that reads every step's state
+
+    def plain_loop() -> torch.Tensor:
+        h, out = h0, []
+        for t in range(T):
+            h = gru_cell(x[t], h * (1 - starts[t, :, None]), w_hh, b_hh)
+            out.append(h)
+        return torch.stack(out)
+
+    expected = torch.autograd.grad((plain_loop() * weight).sum(), (x, h0, w_hh, b_hh))
+    states, last = unroll(x, h0, starts, w_hh, b_hh)
+    got = torch.autograd.grad((states * weight).sum(), (x, h0, w_hh, b_hh))
+    torch.testing.assert_close(last, states[-1])
+    for name, a, b in zip(("x_proj", "h0", "w_hh", "b_hh"), got, expected):
+        torch.testing.assert_close(a, b, msg=name)
+    assert torch.autograd.gradcheck(lambda *a: unroll(*a[:2], starts, *a[2:])[0], (x, h0, w_hh, b_hh))
