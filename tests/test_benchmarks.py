@@ -24,8 +24,10 @@ def test_there_is_a_preset_per_benchmark_env():
 def test_preset_parses_into_a_valid_config(preset):
     cfg = Config(**load_yaml_defaults(preset))
     validate(cfg)  # the env exists, the round splits into the mini-batches, every value is in range
-    assert preset.stem.replace("_", "") in cfg.env_id.lower()  # hopper: Hopper-v5; hopper_novel: ppo_ddp/HopperNoVel-v5
-    assert cfg.total_timesteps == 1_000_000
+    name = preset.stem.removesuffix("_gru")  # hopper_novel_gru: hopper_novel with the GRU policy
+    assert name.replace("_", "") in cfg.env_id.lower()  # hopper: Hopper-v5; hopper_novel: ppo_ddp/HopperNoVel-v5
+    assert cfg.policy == ("gru" if preset.stem.endswith("_gru") else "mlp")
+    assert cfg.total_timesteps == (300_000 if name.startswith("pendulum") else 1_000_000)
 
 
 def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
