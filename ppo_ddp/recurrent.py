@@ -20,7 +20,7 @@ episode never sees its predecessor's memory, whichever step of a chunk it starts
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -69,10 +69,14 @@ def gru_cell(x_proj: torch.Tensor, h: torch.Tensor, w_hh: torch.Tensor, b_hh: to
 class _Unroll(torch.autograd.Function):
     """The loop over a chunk's steps with its backward written out. Autograd's own backward of the loop takes two
     small matrix products a step, one of them for W_hh's gradient; here that gradient is one product over all
-    the chunk's steps at the end, the way cuDNN's RNNs do it (measured: scripts/bench_recurrent.py)."""
+    the chunk's steps at the end, as cuDNN's RNNs do (~12% off the update: docs/benchmarks/throughput.md). The
+    math is gru_gates' (tests/test_recurrent.py checks the gradients against autograd through gru_cell)."""
 
     @staticmethod
-    def forward(ctx, x_proj, h0, keep, w_hh, b_hh):  # noqa: ANN001, ANN205 (autograd's signature)
+    def forward(
+        ctx: Any, x_proj: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor
+    ) -> torch.Tensor:
+        """The states after each step [T, N, H]; keep [T, N, 1] is 0 where a step starts an episode."""
         h, entering, gates, out = h0, [], [], []
         for t in range(x_proj.shape[0]):
             h = h * keep[t]
@@ -85,7 +89,7 @@ class _Unroll(torch.autograd.Function):
         return torch.stack(out)
 
     @staticmethod
-    def backward(ctx, d_out):  # noqa: ANN001, ANN205
+    def backward(ctx: Any, d_out: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
         entering, gates, keep, w_hh = ctx.saved_tensors
         dh, d_x, d_h_proj = torch.zeros_like(d_out[0]), [], []
         for t in reversed(range(d_out.shape[0])):
