@@ -42,7 +42,7 @@ def compile_functions(
     # (measured: 8.1 s against 5.9 s to load a cached step on the 2-core machine).
     torch._inductor.config.compile_threads = 1
     # The generated wrapper that calls the kernels in C++ rather than Python: the step is hundreds of small kernels
-    # (a GRU's unroll, more), and Python's per-call cost was a fifth of the update (scripts/bench_recurrent.py).
+    # (a GRU's unroll, more), and Python's per-call cost was a fifth of the update (docs/benchmarks/throughput.md).
     torch._inductor.config.cpp_wrapper = True
     # A failing compile logs its tracebacks (pages of them) before it raises: the run says it in one line instead,
     # unless the user asked torch for its logs.
