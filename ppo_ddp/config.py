@@ -200,7 +200,7 @@ YAML_EXPONENT_HINT = "YAML reads 1e-4 as text: write 1.0e-4"
 
 
 def missing_extra(module: str) -> Optional[str]:
-    """What to install when an optional dependency (requirements-extras.txt) is missing, else None."""
+    """What to install when an optional dependency (an extra of pyproject.toml) is missing, else None."""
     return None if importlib.util.find_spec(module) else f"needs {module}: pip install {module}"
 
 

@@ -1,6 +1,6 @@
 """End-to-end training throughput of ppo_ddp against Stable-Baselines3 PPO, side by side in one run.
 
-    pip install -r requirements-bench.txt   # stable-baselines3, matplotlib
+    pip install -e ".[bench]"   # stable-baselines3, matplotlib
     python scripts/bench_throughput.py                 # the comparison; last line `ratio <best ppo_ddp / SB3>`
     python scripts/bench_throughput.py --sweep         # plus the scaling table (actors x envs, world 1 and 2)
     python scripts/bench_throughput.py --memory-rounds 200   # the learner-RSS growth check only

@@ -13,7 +13,7 @@ from test_train import SMALL, read_csv, run
 from ppo_ddp import config as config_module
 from ppo_ddp.config import parse_config
 
-wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2", reason="wandb: pip install -r requirements-extras.txt")
+wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2", reason="wandb: pip install -e '.[track]'")
 
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 TRACK = ["--track", "--wandb-project", "ppo-tests", "--wandb-group", "g1", "--wandb-tags", "tiny", "hopper"]

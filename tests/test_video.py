@@ -107,7 +107,7 @@ GRU = ["--policy", "gru", "--seq-length", "4", "--rnn-hidden-size", "8", "--hidd
 
 @pytest.mark.parametrize("flags", [[], GRU], ids=["mlp", "gru"])
 def test_capture_video_records_an_evaluation_episode_with_the_robot_in_its_last_frame(tmp_path, flags):
-    pytest.importorskip("moviepy", reason="pip install -r requirements-extras.txt")
+    pytest.importorskip("moviepy", reason="pip install -e '.[video]'")
     proc = train_with_video(tmp_path, os.environ.get("MUJOCO_GL"), *flags)  # unset: egl, the headless default
     if not renderer_here():  # the other outcome the issue allows: a refusal at start
         assert proc.returncode == 2 and "capture_video=True: MuJoCo cannot render here" in proc.stderr
@@ -132,7 +132,7 @@ def test_capture_video_records_an_evaluation_episode_with_the_robot_in_its_last_
 
 
 def test_capture_video_without_a_renderer_refuses_at_start(tmp_path):
-    pytest.importorskip("moviepy", reason="pip install -r requirements-extras.txt")
+    pytest.importorskip("moviepy", reason="pip install -e '.[video]'")
     # GLFW without a display: MuJoCo imports and simulates (the run could train), but cannot render
     proc = train_with_video(tmp_path, "glfw")
     assert proc.returncode == 2, proc.stderr[-3000:]
