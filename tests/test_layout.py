@@ -19,6 +19,7 @@ LAYERS = [
     "checkpoint",
     "run_log",
     "evaluator",
+    "policy",
     "video",
     "actor_pool",
     "actor",
