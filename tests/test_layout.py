@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ppo_ddp"
 
 LAYERS = [
     "launch",
+    "export",
     "evaluate",
     "trainer",
     "debug",
