@@ -31,7 +31,8 @@ from ppo_ddp.actor_pool import CLOSE_TIMEOUT, child_start_state, describe_exit, 
 from ppo_ddp.config import Config, ConfigError
 from ppo_ddp.envs import make_env, make_video_env
 from ppo_ddp.model import ActorCritic, num_parameters, read_flat_parameters, write_flat_parameters
-from ppo_ddp.normalization import Moments, normalize_obs
+from ppo_ddp.normalization import Moments
+from ppo_ddp.policy import EnvPolicy
 from ppo_ddp.recurrent import make_model
 from ppo_ddp.video import INSTALL_HINT, EpisodeVideo, render_problem
 
@@ -56,19 +57,19 @@ def play_episodes(
     seed: int,
     deterministic: bool = True,
 ) -> list[tuple[float, int]]:
-    """(undiscounted return, length) of `episodes` episodes, the statistics frozen; episode i reset with seed + i."""
-    low, high = env.action_space.low, env.action_space.high
+    """(undiscounted return, length) of `episodes` episodes, the statistics frozen; episode i reset with seed + i.
+    The policy acts through EnvPolicy (normalise, act, clip to the bounds), as an exported one does."""
+    policy = EnvPolicy(model, obs_rms, obs_clip, env.action_space.low, env.action_space.high)
     generator = torch.Generator().manual_seed(seed)
     out = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         total, length, done = 0.0, 0, False
-        state = model.initial_state(1)  # a recurrent policy's memory starts empty with every episode
+        state = policy.initial_state(1)  # a recurrent policy's memory starts empty with every episode
         while not done:
-            x = torch.as_tensor(normalize_obs(obs, obs_rms, obs_clip)).unsqueeze(0)
             with torch.inference_mode():
-                action, state = model.act(x, state, deterministic, generator)
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
+                action, state = policy.act(torch.as_tensor(obs).unsqueeze(0), state, deterministic, generator)
+            obs, reward, terminated, truncated, _ = env.step(action[0].numpy())
             total, length = total + float(reward), length + 1
             done = terminated or truncated
         out.append((total, length))

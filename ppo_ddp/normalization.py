@@ -95,12 +95,37 @@ def merge_rms_states(states: Iterable[Optional[Moments]]) -> Optional[Moments]:
     return merged
 
 
+def obs_std(state: Moments) -> np.ndarray:
+    """sqrt(var + eps): what observations are divided by, in float64."""
+    return np.sqrt(state.var + EPSILON)
+
+
 def normalize_obs(obs: np.ndarray, state: Optional[Moments], clip: float) -> np.ndarray:
     """(obs - mean) / sqrt(var + eps) clipped to [-clip, clip], as float32; identity before any statistics."""
     if state is None:
         return np.asarray(obs, dtype=np.float32)
-    out = (obs - state.mean) / np.sqrt(state.var + EPSILON)
+    out = (obs - state.mean) / obs_std(state)
     return np.clip(out, -clip, clip).astype(np.float32)
+
+
+class ObsNormalizer(torch.nn.Module):
+    """normalize_obs as a torch module with the statistics frozen in buffers, for the evaluator and exported
+    policies (ppo_ddp/policy.py); the actors keep the numpy one, cheaper on their few rows a step. It computes in
+    float64, as numpy does, so that both give the same float32 to the bit (tests/test_normalization.py)."""
+
+    def __init__(self, state: Optional[Moments], clip: float) -> None:
+        super().__init__()
+        self.clip = float(clip)
+        self.identity = state is None  # no statistics yet: a cast, and no clipping (as normalize_obs)
+        mean, std = (np.zeros(0), np.ones(0)) if state is None else (state.mean, obs_std(state))
+        self.register_buffer("mean", torch.as_tensor(np.asarray(mean, np.float64)))
+        self.register_buffer("std", torch.as_tensor(np.asarray(std, np.float64)))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.identity:
+            return obs.to(torch.float32)
+        out = (obs.to(torch.float64) - self.mean) / self.std
+        return out.clamp(-self.clip, self.clip).to(torch.float32)
 
 
 def value_scale(return_state: Optional[Moments]) -> Optional[tuple[float, float]]:

@@ -114,9 +114,29 @@ def unroll(
     [T, N] (1.0 where step t starts an episode). Returns (the state after each step [T, N, H], the last one).
 
     A loop over T (seq_length, fixed for a run), the sequential part of the update: dynamo unrolls it into the
-    compiled step's one graph, and inductor's C++ wrapper calls its few kernels a step (ppo_ddp/compiled.py)."""
-    states = _Unroll.apply(x_proj, h0, 1.0 - episode_start.unsqueeze(-1), w_hh, b_hh)
+    compiled step's one graph, and inductor's C++ wrapper calls its few kernels a step (ppo_ddp/compiled.py).
+
+    With nothing to differentiate (acting, evaluation, an exported policy) it is plain_unroll: the same states to
+    the bit, and ordinary ops that torch.jit.trace and the ONNX exporters record, which a custom autograd Function
+    is not (it would be an opaque Python call in the graph)."""
+    keep = 1.0 - episode_start.unsqueeze(-1)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x_proj, h0, w_hh, b_hh)):
+        states = _Unroll.apply(x_proj, h0, keep, w_hh, b_hh)
+    else:
+        states = plain_unroll(x_proj, h0, keep, w_hh, b_hh)
     return states, states[-1]
+
+
+def plain_unroll(
+    x_proj: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor
+) -> torch.Tensor:
+    """The loop of gru_cell over a chunk, keep [T, N, 1] 0 where a step starts an episode: the states after each
+    step [T, N, H]. Autograd differentiates it step by step (the reference _Unroll's backward is tested against)."""
+    h, out = h0, []
+    for t in range(x_proj.shape[0]):
+        h = gru_cell(x_proj[t], h * keep[t], w_hh, b_hh)
+        out.append(h)
+    return torch.stack(out)
 
 
 def _sigmoid_(x: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ppo_ddp"
 
 LAYERS = [
     "launch",
+    "export",
     "evaluate",
     "trainer",
     "debug",
@@ -19,6 +20,7 @@ LAYERS = [
     "checkpoint",
     "run_log",
     "evaluator",
+    "policy",
     "video",
     "actor_pool",
     "actor",

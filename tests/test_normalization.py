@@ -16,6 +16,7 @@ from ppo_ddp.normalization import (
     EPSILON,
     DiscountedReturn,
     Moments,
+    ObsNormalizer,
     compute_batch_moments,
     merge_rms_states,
     normalize_obs,
@@ -218,6 +219,20 @@ def test_normalize_obs_leaves_obs_and_statistics_untouched():
     np.testing.assert_array_equal(obs, obs_before)
     np.testing.assert_array_equal(state.mean, mean_before)
     np.testing.assert_array_equal(state.var, var_before)
+
+
+def test_the_torch_normaliser_is_the_numpy_one_to_the_bit():
+    """ObsNormalizer (evaluation, exported policies) and normalize_obs (the actors) give the same float32, for the
+    envs' float64 observations and an exported file's float32 ones, clipped rows included, and without
+    statistics."""
+    state = compute_batch_moments(observations(50))
+    obs = observations(200, seed=4) * 1.5  # wider than the statistics: some entries clip at ±3
+    for x in (obs, obs.astype(np.float32)):
+        want = normalize_obs(x, state, clip=3.0)
+        assert 0 < np.mean(np.abs(want) == 3.0) < 0.5
+        got = ObsNormalizer(state, 3.0)(torch.as_tensor(x))
+        assert got.dtype == torch.float32 and np.array_equal(got.numpy(), want)
+        assert np.array_equal(ObsNormalizer(None, 3.0)(torch.as_tensor(x)).numpy(), normalize_obs(x, None, 3.0))
 
 
 def test_without_statistics_obs_and_rewards_pass_through_as_float32():

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ppo_ddp.recurrent import NumpyGRU, RecurrentActorCritic, RecurrentKernel, gru_cell, input_projection, unroll
+from ppo_ddp.recurrent import (
+    NumpyGRU,
+    RecurrentActorCritic,
+    RecurrentKernel,
+    gru_cell,
+    input_projection,
+    plain_unroll,
+    unroll,
+)
 
 IN, H, T, N = 5, 8, 12, 4
 
@@ -128,17 +136,25 @@ def test_the_unroll_s_written_out_backward_is_autograd_s():
     starts = (torch.rand(T, N) < 0.25).to(torch.float64)
     weight = torch.randn(T, N, H, dtype=torch.float64)  # a loss that reads every step's state
 
-    def plain_loop() -> torch.Tensor:
-        h, out = h0, []
-        for t in range(T):
-            h = gru_cell(x[t], h * (1 - starts[t, :, None]), w_hh, b_hh)
-            out.append(h)
-        return torch.stack(out)
-
-    expected = torch.autograd.grad((plain_loop() * weight).sum(), (x, h0, w_hh, b_hh))
+    plain = plain_unroll(x, h0, 1 - starts[..., None], w_hh, b_hh)  # autograd's own backward of the loop
+    expected = torch.autograd.grad((plain * weight).sum(), (x, h0, w_hh, b_hh))
     states, last = unroll(x, h0, starts, w_hh, b_hh)
     got = torch.autograd.grad((states * weight).sum(), (x, h0, w_hh, b_hh))
     torch.testing.assert_close(last, states[-1])
     for name, a, b in zip(("x_proj", "h0", "w_hh", "b_hh"), got, expected):
         torch.testing.assert_close(a, b, msg=name)
     assert torch.autograd.gradcheck(lambda *a: unroll(*a[:2], starts, *a[2:])[0], (x, h0, w_hh, b_hh))
+
+
+def test_without_gradients_the_unroll_is_the_plain_loop_to_the_bit():
+    """Acting and exported policies take plain_unroll (no custom autograd Function to trace): the states must be
+    the training unroll's exactly, resets included."""
+    torch.manual_seed(8)
+    x, h0 = torch.randn(T, N, 3 * H), torch.randn(N, H)
+    w_hh, b_hh = torch.randn(3 * H, H, requires_grad=True), torch.randn(3 * H, requires_grad=True)
+    starts = (torch.rand(T, N) < 0.25).float()
+    trained, _ = unroll(x, h0, starts, w_hh, b_hh)
+    assert trained.grad_fn is not None and "Unroll" in type(trained.grad_fn).__name__  # the written-out backward
+    with torch.no_grad():
+        plain, last = unroll(x, h0, starts, w_hh, b_hh)
+    assert torch.equal(plain, trained.detach()) and torch.equal(last, plain[-1])
