@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ppo_ddp.normalization import Moments, value_scale
+from ppo_ddp.normalization import Moments, unscale_value, value_scale
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 ACTIVATION_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu}  # the same, as functions
@@ -254,8 +254,4 @@ class PolicyKernel:
                 if i < len(layers) - 1:
                     self.activation(x)
             out.append(x)
-        value = out[1][:, 0]
-        if self.value_scale is not None:
-            mean, std = self.value_scale
-            value = value * np.float32(std) + np.float32(mean)
-        return out[0], value
+        return out[0], unscale_value(out[1][:, 0], self.value_scale)

@@ -136,6 +136,13 @@ def value_scale(return_state: Optional[Moments]) -> Optional[tuple[float, float]
     return float(return_state.mean), math.sqrt(float(return_state.var) + EPSILON)
 
 
+def unscale_value(value: np.ndarray, scale: Optional[tuple[float, float]]) -> np.ndarray:
+    """A normalised critic's output in return units (value_scale's (mean, std); None: it already is), float32."""
+    if scale is None:
+        return value
+    return value * np.float32(scale[1]) + np.float32(scale[0])
+
+
 def scale_reward(reward: np.ndarray, return_state: Optional[Moments], clip: float) -> np.ndarray:
     """reward / std(discounted return), clipped; identity before any statistics (as gymnasium's NormalizeReward)."""
     if return_state is None:

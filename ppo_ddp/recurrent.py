@@ -38,7 +38,7 @@ from ppo_ddp.model import (
     hidden_layers,
     numpy_linear,
 )
-from ppo_ddp.normalization import Moments, value_scale
+from ppo_ddp.normalization import Moments, unscale_value, value_scale
 
 
 def input_projection(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
@@ -295,11 +295,7 @@ class RecurrentKernel:
         state = self.cell.step(x, h)
         out = state @ self.heads[0]
         out += self.heads[1]
-        mean, value = out[:, :-1], out[:, -1]
-        if self.value_scale is not None:
-            v_mean, v_std = self.value_scale
-            value = value * np.float32(v_std) + np.float32(v_mean)
-        return mean, value, state
+        return out[:, :-1], unscale_value(out[:, -1], self.value_scale), state
 
 
 def make_model(cfg: Config, obs_dim: int, act_dim: int) -> ActorCritic | RecurrentActorCritic:
