@@ -33,7 +33,7 @@ class Config:
 
     # ---- what to train ----------------------------------------------------
     env_id: str = "HalfCheetah-v5"
-    """Gymnasium id of the environment (continuous actions, e.g. Hopper-v5, Ant-v5)."""
+    """Gymnasium id of the environment (continuous actions: Hopper-v5, Ant-v5, dm_control/cheetah-run-v0)."""
     seed: int = 1
     """Seed of the run; every env gets its own seed derived from (seed, rank, actor, env)."""
     total_timesteps: int = 1_000_000

@@ -16,7 +16,7 @@ import tyro
 
 from ppo_ddp.checkpoint import CheckpointError, load_checkpoint
 from ppo_ddp.config import Config, config_from_dict, missing_extra
-from ppo_ddp.envs import make_env, make_video_env
+from ppo_ddp.envs import env_problem, make_env, make_video_env
 from ppo_ddp.evaluator import play_episodes
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.normalization import Moments
@@ -91,8 +91,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     except CheckpointError as e:
         print(f"evaluate: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    env_id = args.env_id or cfg.env_id
+    if problem := env_problem(env_id):  # a dm_control run's checkpoint in a venv without dm_control, say
+        print(f"evaluate: error: env_id={env_id!r}: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     if args.video:
-        _check_video(args.env_id or cfg.env_id)
+        _check_video(env_id)
     returns = evaluate_policy(
         model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video
     )

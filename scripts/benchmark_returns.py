@@ -10,10 +10,11 @@ Each run is `python train.py --config configs/<env>.yaml` (configs/scale/<env>.y
 group: `kill -TERM -PGID`) continues where it stopped when the same command is run again. Its final checkpoint
 is evaluated through ppo_ddp.evaluate: deterministic, 10 episodes. Rows go to docs/benchmarks/returns.csv (a row
 per run, replacing an earlier row of the same env/seed/world size/preset/sync mode, so a matrix can be run in
-pieces); wall_seconds is the training time summed over the run's sessions (start-up excluded). The tables in
-docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the scale presets;
-world_sizes.png: world sizes and sync modes; returns_partial.png: the partly observed envs) are rebuilt from all
-rows, by scripts/returns_tables.py.
+pieces); wall_seconds is the training time summed over the run's sessions (start-up excluded); mujoco is the
+MuJoCo version the run's venv had (the dmc extra puts 3.17.0 in place of 4.0.0; empty in rows written before
+the column). The tables in docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the
+scale presets; world_sizes.png: world sizes and sync modes; returns_partial.png: the partly observed envs;
+returns_dmc.png: the DeepMind Control Suite) are rebuilt from all rows, by scripts/returns_tables.py.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ PRESETS = {
     "hopper_novel_gru": ("ppo_ddp/HopperNoVel-v5", "configs/hopper_novel_gru.yaml"),
     "walker2d_novel_gru": ("ppo_ddp/Walker2dNoVel-v5", "configs/walker2d_novel_gru.yaml"),
     "pendulum_novel_gru": ("ppo_ddp/PendulumNoVel-v1", "configs/pendulum_novel_gru.yaml"),
+    # the DeepMind Control Suite through shimmy (pip install -e ".[dmc]": mujoco 3.17.0)
+    "dmc_cheetah_run": ("dm_control/cheetah-run-v0", "configs/dmc_cheetah_run.yaml"),
+    "dmc_walker_walk": ("dm_control/walker-walk-v0", "configs/dmc_walker_walk.yaml"),
 }
 
 FIELDS = [
@@ -74,7 +78,16 @@ FIELDS = [
     "extra_args",
     "commit",
     "sync_mode",
+    "mujoco",
 ]
+
+
+def mujoco_version() -> str:
+    try:
+        import mujoco
+    except ImportError:
+        return ""
+    return mujoco.__version__
 
 
 def preset_path(env_key: str, scale: bool) -> str:
@@ -220,6 +233,9 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
         "extra_args": args.train_args,
         "commit": commit,
         "sync_mode": sync,
+        # the dmc extra swaps MuJoCo 4.0.0 for 3.17.0: rows say which physics they ran on (the training ran
+        # in this script's venv)
+        "mujoco": mujoco_version(),
     }
     print(
         f"  {env_id} seed {seed} world {world} {sync}: eval {row['eval_mean']} ± {row['eval_std']}, "

@@ -26,6 +26,14 @@ import numpy as np
 import onnxruntime as ort
 
 
+def flat(obs: np.ndarray | dict) -> np.ndarray:
+    """The vector the policy reads. A DeepMind Control task (dm_control/...) observes a dict of arrays: ppo_ddp's env
+    factory trained on its entries concatenated in sorted key order, each flattened, as float32; so does this."""
+    if isinstance(obs, dict):
+        return np.concatenate([np.asarray(obs[k], np.float32).ravel() for k in sorted(obs)])
+    return np.asarray(obs, np.float32)
+
+
 def play(session: ort.InferenceSession, env: gym.Env, episodes: int, seed: int) -> list[float]:
     """The undiscounted return of each episode."""
     meta = session.get_modelmeta().custom_metadata_map  # every value a string
@@ -39,7 +47,7 @@ def play(session: ort.InferenceSession, env: gym.Env, episodes: int, seed: int) 
         total, done = 0.0, False
         while not done:
             # a batch of one env; the file takes any number of envs at once
-            feed = {"obs": obs[None].astype(np.float32)}
+            feed = {"obs": flat(obs)[None]}
             if recurrent:
                 feed["h"] = h
             outputs = session.run(None, feed)
@@ -65,12 +73,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     session = ort.InferenceSession(args.policy, providers=["CPUExecutionProvider"])
     meta = session.get_modelmeta().custom_metadata_map
     env_id = args.env_id or meta["env_id"]
+    if env_id.startswith("dm_control/"):
+        import shimmy  # noqa: F401  (registers the dm_control/ ids; gymnasium does not import it by itself)
     try:
         env = gym.make(env_id)
     except gym.error.NamespaceNotFound:  # e.g. ppo_ddp/HopperNoVel-v5: see the top of this file
         raise SystemExit(f"{env_id}: not registered; try --env-id ppo_ddp:{env_id} with PYTHONPATH=.") from None
-    if env.observation_space.shape != (int(meta["obs_dim"]),):
-        raise SystemExit(f"{env_id}'s observations are {env.observation_space.shape}, the policy's {meta['obs_dim']}")
+    obs_dim = flat(env.observation_space.sample()).shape[0]
+    if obs_dim != int(meta["obs_dim"]):
+        raise SystemExit(f"{env_id}'s observations have {obs_dim} values, the policy's {meta['obs_dim']}")
     try:
         returns = play(session, env, args.episodes, args.seed)
     finally:

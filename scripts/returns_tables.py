@@ -2,8 +2,8 @@
 
 scripts/benchmark_returns.py runs and records; this module turns every row so far into returns.md and the
 curves: the 1M presets against published PPO numbers, world sizes and sync modes, the 10M large-batch presets,
-and the partly observed envs (ppo_ddp/partial_envs.py), whose policies are compared with each other and with the
-full-observation preset of their robot.
+the partly observed envs (ppo_ddp/partial_envs.py), whose policies are compared with each other and with the
+full-observation preset of their robot, and the DeepMind Control Suite presets (MuJoCo 3.17.0) against CleanRL.
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ from plot_runs import plot_curves
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTIAL_PREFIX = "ppo_ddp/"  # the partly observed envs' gymnasium namespace
+DMC_PREFIX = "dm_control/"  # the DeepMind Control Suite through shimmy (the dmc extra)
 
 # Published numbers at 10M env steps (issue 13): Sample Factory APPO, rl_games PPO (training return).
 REFERENCE_10M = {"Humanoid-v5": ("5439 ± 1314", "~9700", ">= 5000"), "Ant-v5": ("5876 ± 167", "—", ">= 5000")}
+
+# CleanRL's PPO on the DeepMind Control Suite at 1M env steps: training return (issue 27; docs/tuning.md).
+REFERENCE_DMC = {"dm_control/cheetah-run-v0": "432.6 ± 82.5", "dm_control/walker-walk-v0": "392.5 ± 56.3"}
 
 # Published PPO numbers at 1M env steps (see issue 5 / docs/tuning.md for what each column measures).
 REFERENCE = {
@@ -68,6 +72,11 @@ def is_scale(row: dict[str, str]) -> bool:
     return row["config"].startswith("configs/scale/")
 
 
+def is_dmc(row: dict[str, str]) -> bool:
+    """A run on a DeepMind Control Suite task (dm_control/<domain>-<task>-v0, MuJoCo 3.17.0)."""
+    return row["env"].startswith(DMC_PREFIX)
+
+
 def is_partial(row: dict[str, str]) -> bool:
     """A run on a partly observed env (its velocities hidden: ppo_ddp/partial_envs.py)."""
     return row["env"].startswith(PARTIAL_PREFIX)
@@ -102,12 +111,15 @@ def _preset_cell(rows: list[dict[str, str]]) -> str:
 
 
 def write_table(path: Path, rows: list[dict[str, str]]) -> None:
-    small = [r for r in rows if not is_scale(r) and not is_partial(r)]
+    small = [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
     lines = [
         "# PPO returns",
         "",
         "Ours: deterministic evaluation (10 episodes) of the final policy, mean ± std over seeds (their number in "
-        "brackets); rows from `returns.csv`, written by `scripts/benchmark_returns.py`.",
+        "brackets); rows from `returns.csv`, written by `scripts/benchmark_returns.py`. Its `mujoco` column is "
+        "the MuJoCo version of the run (the dmc extra installs 3.17.0 in place of 4.0.0); it is empty in the "
+        "rows written before the column existed: the package asks for mujoco>=3.2 and nothing recorded which "
+        "one they had.",
         "",
         "## 1M env steps, the presets in configs/",
         "",
@@ -123,6 +135,7 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     lines += _world_size_table(small)
     lines += _scale_table([r for r in rows if is_scale(r)])
     lines += _partial_table(rows)
+    lines += _dmc_table([r for r in rows if is_dmc(r) and not is_scale(r) and int(r["world_size"]) == 1])
     path.write_text("\n".join(lines))
 
 
@@ -207,11 +220,41 @@ def _partial_table(rows: list[dict[str, str]]) -> list[str]:
     return lines + ["", "![partly observed envs](returns_partial.png)", ""]
 
 
+def _dmc_table(rows: list[dict[str, str]]) -> list[str]:
+    """The DeepMind Control Suite presets, 1M steps, one learner, against CleanRL's PPO (a training return: our
+    training return over the last 10% of steps is the like-for-like column)."""
+    if not rows:
+        return []
+    lines = [
+        "## DeepMind Control Suite, 1M env steps, 1 learner",
+        "",
+        "`dm_control/<domain>-<task>-v0` through shimmy (the dmc extra: MuJoCo 3.17.0, the `mujoco` column); "
+        "observations flattened in sorted key order (docs/usage.md). Returns are in [0, 1000]: 1000 steps, a reward "
+        "in [0, 1] each.",
+        "",
+        "| env | preset, flags | CleanRL PPO (training return) | ppo_ddp eval (seeds) | ppo_ddp training, last 10% | mujoco |",  # noqa: E501
+        "|---|---|---|---|---|---|",
+    ]
+    for env_id in sorted({r["env"] for r in rows}):
+        for config, flags in sorted({(r["config"], r["extra_args"]) for r in rows if r["env"] == env_id}):
+            got = [r for r in rows if (r["env"], r["config"], r["extra_args"]) == (env_id, config, flags)]
+            where = f"{config} `{flags}`" if flags else config
+            train = mean_std([float(r["train_return_last10pct"]) for r in got])
+            versions = ", ".join(sorted({r.get("mujoco") or "—" for r in got}))
+            ref = REFERENCE_DMC.get(env_id, "—")
+            lines.append(f"| {env_id} | {where} | {ref} | {_cell(got, 10**6)} | {train} | {versions} |")
+    return lines + ["", "![DeepMind Control Suite learning curves](returns_dmc.png)", ""]
+
+
 def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     def curves(selected: list[tuple[str, dict[str, str]]]) -> list[tuple[str, Path]]:
         return [(label, ROOT / r["curve"]) for label, r in selected if (ROOT / r["curve"]).exists()]
 
-    one = [(r["env"], r) for r in rows if not is_scale(r) and not is_partial(r) and int(r["world_size"]) == 1]
+    one = [(r["env"], r) for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)
+           and int(r["world_size"]) == 1]  # fmt: skip
+    dmc = [(r["env"], r) for r in rows if is_dmc(r) and not is_scale(r)]
+    if dmc:
+        plot_curves(curves(dmc), out_dir / "returns_dmc.png")
     plot_curves(curves(one), out_dir / "returns.png")
     partial = [(f"{r['env']}, {_policy(r)}", r) for r in rows if is_partial(r) and not is_scale(r)]
     if partial:
@@ -219,7 +262,8 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     scale = [(r["env"], r) for r in rows if is_scale(r)]
     if scale:
         plot_curves(curves(scale), out_dir / "returns_10m.png")
-    envs = {r["env"] for r in rows if not is_scale(r) and not is_partial(r) and int(r["world_size"]) > 1}
+    envs = {r["env"] for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)
+            and int(r["world_size"]) > 1}  # fmt: skip
     worlds = [
         (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(shape_flags(r['extra_args']))}".strip(), r)
         for r in rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ppo_ddp.config import Config, load_yaml_defaults, validate
+from ppo_ddp.envs import is_dm_control, missing_dm_control
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -23,11 +25,25 @@ def test_there_is_a_preset_per_benchmark_env():
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_preset_parses_into_a_valid_config(preset):
     cfg = Config(**load_yaml_defaults(preset))
-    validate(cfg)  # the env exists, the round splits into the mini-batches, every value is in range
+    # the env exists, the round splits into the mini-batches, every value is in range; a DeepMind Control preset's
+    # env only where the dmc extra is installed (tests/test_dmc.py checks it there)
+    validate(cfg, check_env=not is_dm_control(cfg.env_id) or missing_dm_control() is None)
     name = preset.stem.removesuffix("_gru")  # hopper_novel_gru: hopper_novel with the GRU policy
-    assert name.replace("_", "") in cfg.env_id.lower()  # hopper: Hopper-v5; hopper_novel: ppo_ddp/HopperNoVel-v5
+    if name.startswith("dmc_"):  # dmc_cheetah_run: dm_control/cheetah-run-v0
+        assert cfg.env_id == f"dm_control/{name.removeprefix('dmc_').replace('_', '-')}-v0"
+    else:  # hopper: Hopper-v5; hopper_novel: ppo_ddp/HopperNoVel-v5
+        assert name.replace("_", "") in cfg.env_id.lower()
     assert cfg.policy == ("gru" if preset.stem.endswith("_gru") else "mlp")
     assert cfg.total_timesteps == (300_000 if name.startswith("pendulum") else 1_000_000)
+
+
+def test_benchmark_returns_lists_every_preset_with_its_env():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchmark_returns import PRESETS as LISTED
+
+    assert sorted(LISTED) == [p.stem for p in PRESETS]  # a new preset is one `--envs` key away from its rows
+    for key, (env_id, path) in LISTED.items():
+        assert (ROOT / path).stem == key and load_yaml_defaults(ROOT / path)["env_id"] == env_id
 
 
 def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
@@ -61,6 +77,7 @@ def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
         assert int(r["total_steps"]) == 128 and int(r["eval_episodes"]) == 2
         assert float(r["eval_mean"]) > 0  # Hopper pays a healthy reward every step it stays up
         assert (ROOT / r["curve"]).exists()
+        assert r["mujoco"] == importlib.metadata.version("mujoco")  # the physics the run had
     table = (tmp_path / "out" / "returns.md").read_text()
     assert "| Hopper-v5 |" in table and "(2) at 128 steps" in table
     png = (tmp_path / "out" / "returns.png").read_bytes()

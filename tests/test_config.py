@@ -24,6 +24,7 @@ from ppo_ddp.config import (
     parse_config,
     validate,
 )
+from ppo_ddp.envs import missing_dm_control
 
 
 @pytest.fixture
@@ -62,6 +63,11 @@ CLI_CASES = {
         r"env_id='CartPole-v1': action space is Discrete\(2\).*Box",
     ),
 }
+if missing_dm_control():  # the venv without the dmc extra (CI's main step); tests/test_dmc.py runs with it
+    CLI_CASES["dm_control without its install"] = (
+        lambda y: ["--env-id", "dm_control/cheetah-run-v0"],
+        r"env_id='dm_control/cheetah-run-v0': needs dm_control and shimmy: pip install -e '\.\[dmc\]'",
+    )
 
 
 @pytest.mark.parametrize("case", list(CLI_CASES))
