@@ -1,6 +1,7 @@
 """The one Config of a training run, its YAML loading and its validation.
 
-`parse_config(argv)` is what train.py calls: `--config FILE.yaml` supplies defaults, command-line flags override
+`parse_config(argv)` is what train.py calls: `--config FILE.yaml`, or else the preset of the env the flags name
+(configs/hopper.yaml for `--env-id Hopper-v5`, ppo_ddp/presets.py), supplies defaults, command-line flags override
 them, and every value is checked before any process, env or collective starts. A bad value is one line on stderr
 that names the field, the value and what is allowed, and exit status 2.
 """
@@ -20,6 +21,7 @@ from typing import Any, Literal, Optional
 import tyro
 
 from ppo_ddp.envs import env_problem
+from ppo_ddp.presets import implied_preset, split_config_flag
 from ppo_ddp.topology import resolve_actors_per_learner
 
 
@@ -178,7 +180,8 @@ class Config:
     """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name (fresh if it has none)."""
 
     config: Optional[str] = None
-    """YAML file whose keys set defaults for the fields above; flags override it."""
+    """YAML file whose keys set defaults for the fields above; flags override it. Without it, the preset of env_id
+    in configs/ (configs/hopper.yaml for Hopper-v5), or Config's defaults for an env that has none."""
 
 
 COUNT_FIELDS = tuple(
@@ -352,32 +355,20 @@ def check_round_split(cfg: Config, actors: int) -> None:
                     f"round ({shape})")  # fmt: skip
 
 
-def _split_config_flag(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:
-    """Find `--config FILE` / `--config=FILE` in argv (it must be read before tyro sees the rest)."""
-    rest: list[str] = []
-    path = None
-    it = iter(argv)
-    for arg in it:
-        if arg == "--config":
-            path = next(it, None)
-            if path is None:
-                raise ConfigError("config: --config needs the path of a YAML file")
-        elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return path, rest
-
-
 def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -> Config:
-    """Config from `--config FILE.yaml` and flags; exits with status 2 and one line on bad input."""
+    """Config from flags over `--config FILE.yaml`, or over the preset of the env they name (ppo_ddp/presets.py);
+    exits with status 2 and one line on bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = Path(sys.argv[0]).name or "train.py"
     try:
-        path, rest = _split_config_flag(argv)
+        try:
+            path, rest = split_config_flag(argv)
+            path = path or implied_preset(rest, Config.env_id)  # no --config: the env's preset, if it has one
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         default = Config(**load_yaml_defaults(path), config=path) if path else Config()
         cfg = tyro.cli(Config, args=rest, default=default, prog=prog, description=Config.__doc__)
-        if path:  # tyro no longer sees --config; keep where the defaults came from
+        if path:  # tyro no longer sees --config; keep where the defaults came from (the start line names it)
             cfg = dataclasses.replace(cfg, config=path)
         validate(cfg, check_env=check_env)
     except ConfigError as e:

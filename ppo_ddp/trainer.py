@@ -41,6 +41,7 @@ from ppo_ddp.evaluator import EVAL_FINISH_TIMEOUT, Evaluation, Evaluator
 from ppo_ddp.learner import Learner, RolloutBatch, adapted_learning_rate, annealed_learning_rate, check_finite
 from ppo_ddp.model import num_parameters
 from ppo_ddp.normalization import merge_rms_states, tensor_moments, value_scale
+from ppo_ddp.presets import describe
 from ppo_ddp.recurrent import make_model
 from ppo_ddp.run_log import RunLogger, default_run_name, format_duration, open_run_folder
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
@@ -379,7 +380,8 @@ class Trainer:
             f"{cfg.envs_per_actor} envs each"
         )
         rounds = f"{self.num_iterations} rounds of {self.steps_per_round} steps"
-        say(f"{cfg.env_id}: {rounds}, {where}; outputs in {self.run_dir}")
+        source = describe(cfg.env_id, cfg.policy, cfg.config)  # the preset, another config, or the defaults
+        say(f"{cfg.env_id}, {source}: {rounds}, {where}; outputs in {self.run_dir}")
         if self.resume_path is not None:
             say(
                 f"resumed from {self.resume_path} at round {self.run.iteration}, step {self.run.global_step:,}"

@@ -1,6 +1,7 @@
 """Learning benchmark: train env × seed × world size × sync mode with the presets, evaluate each final policy.
 
     python scripts/benchmark_returns.py --envs hopper walker2d --seeds 1 2 3
+    python scripts/benchmark_returns.py --envs Swimmer-v5 Reacher-v5 --seeds 1 2 3    # an env id: its preset
     python scripts/benchmark_returns.py --envs halfcheetah hopper --world-sizes 2 4 --sync-modes params gradients
     python scripts/benchmark_returns.py --scale --envs humanoid ant --seeds 1 2      # 10M steps, configs/scale/
 
@@ -41,27 +42,23 @@ from plot_runs import load_curve  # noqa: E402
 from returns_tables import plot_all, row_key, shape_flags, write_table  # noqa: E402
 
 from ppo_ddp.evaluate import evaluate_policy, load_policy  # noqa: E402
+from ppo_ddp.presets import find_preset, presets  # noqa: E402
 from ppo_ddp.run_log import code_version  # noqa: E402
 
-PRESETS = {
-    "halfcheetah": ("HalfCheetah-v5", "configs/halfcheetah.yaml"),
-    "hopper": ("Hopper-v5", "configs/hopper.yaml"),
-    "walker2d": ("Walker2d-v5", "configs/walker2d.yaml"),
-    "ant": ("Ant-v5", "configs/ant.yaml"),
-    "humanoid": ("Humanoid-v5", "configs/humanoid.yaml"),
-    # the partly observed envs (ppo_ddp/partial_envs.py)
-    "halfcheetah_novel": ("ppo_ddp/HalfCheetahNoVel-v5", "configs/halfcheetah_novel.yaml"),
-    "hopper_novel": ("ppo_ddp/HopperNoVel-v5", "configs/hopper_novel.yaml"),
-    "walker2d_novel": ("ppo_ddp/Walker2dNoVel-v5", "configs/walker2d_novel.yaml"),
-    "pendulum_novel": ("ppo_ddp/PendulumNoVel-v1", "configs/pendulum_novel.yaml"),
-    "halfcheetah_novel_gru": ("ppo_ddp/HalfCheetahNoVel-v5", "configs/halfcheetah_novel_gru.yaml"),
-    "hopper_novel_gru": ("ppo_ddp/HopperNoVel-v5", "configs/hopper_novel_gru.yaml"),
-    "walker2d_novel_gru": ("ppo_ddp/Walker2dNoVel-v5", "configs/walker2d_novel_gru.yaml"),
-    "pendulum_novel_gru": ("ppo_ddp/PendulumNoVel-v1", "configs/pendulum_novel_gru.yaml"),
-    # the DeepMind Control Suite through shimmy (pip install -e ".[dmc]": mujoco 3.17.0)
-    "dmc_cheetah_run": ("dm_control/cheetah-run-v0", "configs/dmc_cheetah_run.yaml"),
-    "dmc_walker_walk": ("dm_control/walker-walk-v0", "configs/dmc_walker_walk.yaml"),
-}
+# Every preset in configs/, by its file name (hopper: configs/hopper.yaml), with its env (ppo_ddp/presets.py)
+PRESETS = {path.stem: (env_id, f"configs/{path.name}") for (env_id, _), path in presets().items()}
+
+
+def preset_name(name: str) -> str:
+    """--envs takes a preset's name (hopper, hopper_novel_gru) or an env id (Hopper-v5: its MLP preset)."""
+    if name in PRESETS:
+        return name
+    path = find_preset(name)
+    if path is None:
+        raise argparse.ArgumentTypeError(f"{name!r} is neither a preset nor an env with one (presets: "
+                                         f"{', '.join(sorted(PRESETS))})")  # fmt: skip
+    return path.stem
+
 
 FIELDS = [
     "env",
@@ -164,7 +161,8 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--envs", nargs="+", default=["halfcheetah", "hopper", "walker2d"], choices=sorted(PRESETS))
+    p.add_argument("--envs", nargs="+", default=["halfcheetah", "hopper", "walker2d"], type=preset_name,
+                   help="presets (hopper, hopper_novel_gru) or env ids (Hopper-v5: its preset)")  # fmt: skip
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--world-sizes", nargs="+", type=int, default=[1])
     p.add_argument("--sync-modes", nargs="+", default=["params"], choices=["params", "gradients"])

@@ -229,7 +229,7 @@ def fill_new_study(study: Any, space: Space) -> None:
     for params in space.enqueue:
         study.enqueue_trial({k: dists[k].encode(v) for k, v in params.items()})
     study.set_user_attr("space_source", space.source)
-    study.set_user_attr("base_values", space.base_values)
+    study.set_user_attr("env_base_values", space.base_values)
     study.set_user_attr("space", space.doc)
 
 
@@ -248,7 +248,10 @@ def stored_doc(study: Any, url: str) -> Any:
 
 def stored_space(study: Any) -> Space:
     attrs = study.user_attrs
-    return parse_space(attrs["space"], attrs["space_source"], check_env=False, base_values=attrs["base_values"])
+    base_values = attrs.get("env_base_values")
+    if base_values is None:  # a study made before each env could have its own base: one preset for all
+        base_values = {env_id: attrs["base_values"] for env_id in attrs["space"]["envs"]}
+    return parse_space(attrs["space"], attrs["space_source"], check_env=False, base_values=base_values)
 
 
 def counted_trials(study: Any) -> int:

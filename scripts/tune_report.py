@@ -114,7 +114,7 @@ def write_best_presets(name: str, space: Space, best: Any, study_dir: Path) -> l
         header = [
             f"Best trial {best.number} of study {name} (scripts/tune.py --report): score {best.value:.4g} over "
             f"{len(space.envs)} env(s); {env_id} evaluated {ret:.1f} (target {target:g}).",
-            f"Search space {space.source} over the base preset {space.doc['base']}; searched: "
+            f"Search space {space.source} over the base preset {space.doc.get('base', 'of each env')}; searched: "
             + ", ".join(params)
             + ".",
             f"Train it: python train.py --config {path}",

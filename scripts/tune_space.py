@@ -3,7 +3,9 @@
 No optuna here (a trial is anything with optuna's suggest_* methods), so a space can be checked without it.
 The file's keys (configs/tune/halfcheetah.yaml is an example):
 
-    base: configs/halfcheetah.yaml        the preset every trial starts from (relative to the repository)
+    base: configs/halfcheetah.yaml        the preset every trial starts from (relative to the repository); without
+                                          it, each env's own preset (ppo_ddp/presets.py: configs/hopper.yaml for
+                                          Hopper-v5), or Config's defaults for an env that has none
     envs: {HalfCheetah-v5: 3000}          env id -> target score; a trial's score on an env is return / target
     fixed: {total_timesteps: 1000000}     Config fields set for every trial, over the base preset
     eval_every_steps: 100000              env steps between evaluations (sets each trial's eval_interval)
@@ -45,6 +47,7 @@ from ppo_ddp.config import (  # noqa: E402
     validate,
 )
 from ppo_ddp.envs import env_problem  # noqa: E402
+from ppo_ddp.presets import find_preset  # noqa: E402
 from ppo_ddp.topology import resolve_actors_per_learner  # noqa: E402
 
 TOP_KEYS = ("base", "envs", "fixed", "eval_every_steps", "final_evals", "pruner", "sampler", "params", "enqueue")
@@ -111,7 +114,7 @@ class Dist:
 class Space:
     source: str
     doc: dict[str, Any]  # the file as read: a study remembers it, and a worker that joins must bring the same
-    base_values: dict[str, Any]
+    base_values: dict[str, dict[str, Any]]  # env id -> the preset its trials start from
     envs: dict[str, float]
     fixed: dict[str, Any]
     params: tuple[Dist, ...]
@@ -123,7 +126,7 @@ class Space:
 
     def trial_values(self, params: dict[str, Any], env_id: str) -> dict[str, Any]:
         """A trial's preset for one env: base, fixed, the trial's parameters, the env, its evaluation interval."""
-        values = {**self.base_values, **self.fixed, **params, "env_id": env_id}
+        values = {**self.base_values[env_id], **self.fixed, **params, "env_id": env_id}
         values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}  # YAML has lists
         values["eval_interval"] = max(1, round(self.eval_every_steps / round_size(values)))
         order = field_names()
@@ -132,7 +135,8 @@ class Space:
     def env_step_span(self) -> int:
         """Env steps set aside for each env in the steps a trial reports at: the longest a trial can train on one
         env, on the evaluation grid, so every trial reports env k's evaluations at the same steps."""
-        total = self.fixed.get("total_timesteps", self.base_values.get("total_timesteps", Config.total_timesteps))
+        base_total = max(v.get("total_timesteps", Config.total_timesteps) for v in self.base_values.values())
+        total = self.fixed.get("total_timesteps", base_total)
         for dist in self.params:
             if dist.name == "total_timesteps":
                 total = int(dist.high) if dist.kind == "int" else max(dist.choices)
@@ -169,7 +173,8 @@ def load_space(path: str | Path, check_env: bool = True) -> Space:
 
 
 def parse_space(doc: Any, source: str, check_env: bool = True, base_values: Optional[dict] = None) -> Space:
-    """A Space from the file's mapping. base_values: the base preset as a study stored it (else read from disk)."""
+    """A Space from the file's mapping. base_values: each env's base preset as a study stored it (else read from
+    disk)."""
     try:
         doc = json.loads(json.dumps(doc))  # as the study stores it, so that a stored space compares equal
     except (TypeError, ValueError) as e:
@@ -186,25 +191,24 @@ def _parse(doc: Any, source: str, check_env: bool, base_values: Optional[dict]) 
     for key in doc:
         if key not in TOP_KEYS:
             raise ConfigError(f"unknown key {key!r} (allowed: {', '.join(TOP_KEYS)})")
-    for key in ("base", "envs", "params"):
+    for key in ("envs", "params"):
         if key not in doc:
             raise ConfigError(f"{key}: missing")
-    if base_values is None:
-        base = Path(str(doc["base"]))
-        base_values = load_yaml_defaults(base if base.is_absolute() else ROOT / base)
     envs = _envs(doc["envs"], check_env)
     fixed = _fixed(doc.get("fixed") or {})
+    if base_values is None:
+        base_values = _base_values(doc.get("base"), envs, fixed.get("policy", "mlp"))
     if not (_number(doc.get("eval_every_steps"), integer=True) and doc["eval_every_steps"] > 0):
         raise ConfigError(f"eval_every_steps={doc.get('eval_every_steps')!r}: must be a positive integer (env steps)")
     final_evals = doc.get("final_evals", 1)
     if not (_number(final_evals, integer=True) and final_evals > 0):
         raise ConfigError(f"final_evals={final_evals!r}: must be a positive integer")
-    start = {**base_values, **fixed}
-    for env_id in envs:  # the trials' common part must be a valid config on its own
-        validate(config_from_dict({**start, "env_id": env_id, "eval_interval": 1}), check_env=False)
+    starts = [{**base_values[env_id], **fixed, "env_id": env_id} for env_id in envs]
+    for start in starts:  # the trials' common part must be a valid config on its own
+        validate(config_from_dict({**start, "eval_interval": 1}), check_env=False)
     if not isinstance(doc["params"], dict) or not doc["params"]:
         raise ConfigError("params: must map one or more Config fields to distributions")
-    params = tuple(_dist(name, spec, start, fixed) for name, spec in doc["params"].items())
+    params = tuple(_dist(name, spec, starts, fixed) for name, spec in doc["params"].items())
     return Space(
         source=source,
         doc=doc,
@@ -218,6 +222,20 @@ def _parse(doc: Any, source: str, check_env: bool, base_values: Optional[dict]) 
         sampler=_counts("sampler", doc.get("sampler") or {}, SAMPLER_KEYS),
         enqueue=_enqueue(doc.get("enqueue") or [], params),
     )
+
+
+def _base_values(base: Any, envs: dict[str, float], policy: str) -> dict[str, dict[str, Any]]:
+    """Each env's base preset: the file `base` names for all of them, else the env's own preset, else nothing
+    (Config's defaults)."""
+    if base is not None:
+        path = Path(str(base))
+        values = load_yaml_defaults(path if path.is_absolute() else ROOT / path)
+        return {env_id: values for env_id in envs}
+    try:
+        own = {env_id: find_preset(env_id, policy) for env_id in envs}
+    except ValueError as e:  # two presets claim one env
+        raise ConfigError(str(e)) from None
+    return {env_id: load_yaml_defaults(path) if path else {} for env_id, path in own.items()}
 
 
 def _envs(envs: Any, check_env: bool) -> dict[str, float]:
@@ -263,7 +281,7 @@ def _counts(where: str, values: Any, keys: tuple[str, ...]) -> dict[str, int]:
     return dict(values)
 
 
-def _dist(name: Any, spec: Any, start: dict[str, Any], fixed: dict[str, Any]) -> Dist:
+def _dist(name: Any, spec: Any, starts: list[dict[str, Any]], fixed: dict[str, Any]) -> Dist:
     where = f"params.{_tunable('params', name)}"
     if name in fixed:
         raise ConfigError(f"{where}: also in fixed; a field is either fixed or searched")
@@ -282,12 +300,12 @@ def _dist(name: Any, spec: Any, start: dict[str, Any], fixed: dict[str, Any]) ->
         if not isinstance(choices, list) or not choices:
             raise ConfigError(f"{where}.choices: must be a non-empty list of values")
         for choice in choices:
-            _check_value(where, name, choice, start)
+            _check_value(where, name, choice, starts)
         return Dist(name, kind, choices=tuple(choices))
-    return _range(where, name, kind, spec, start)
+    return _range(where, name, kind, spec, starts)
 
 
-def _range(where: str, name: str, kind: str, spec: dict[str, Any], start: dict[str, Any]) -> Dist:
+def _range(where: str, name: str, kind: str, spec: dict[str, Any], starts: list[dict[str, Any]]) -> Dist:
     field = _field_kind(name)
     if field is object or (kind == "float" and field is int):
         allowed = "categorical" if field is object else "int or categorical"
@@ -303,20 +321,21 @@ def _range(where: str, name: str, kind: str, spec: dict[str, Any], start: dict[s
     if step is not None and not (_number(step, integer) and step > 0 and not log):
         raise ConfigError(f"{where}.step={step!r}: must be a {kind} > 0, and not with log: true")
     for value in (low, high):
-        _check_value(where, name, value, start)
+        _check_value(where, name, value, starts)
     return Dist(name, kind, low=low, high=high, log=log, step=step)
 
 
-def _check_value(where: str, name: str, value: Any, start: dict[str, Any]) -> None:
-    """A value must fit the field's type and be valid with the base preset and fixed values. A value that fails only
-    because of another field (a round that does not split into the mini-batches) is left to its trial, which fails:
-    another searched field may make it valid."""
-    try:
-        cfg = config_from_dict({**start, name: value, "eval_interval": 1})
-        validate(cfg, check_env=False)
-    except ConfigError as e:
-        if str(e).startswith(f"{name}="):
-            raise ConfigError(f"{where}: {e}") from None
+def _check_value(where: str, name: str, value: Any, starts: list[dict[str, Any]]) -> None:
+    """A value must fit the field's type and be valid with each env's base preset and the fixed values. A value that
+    fails only because of another field (a round that does not split into the mini-batches) is left to its trial,
+    which fails: another searched field may make it valid."""
+    for start in starts:
+        try:
+            cfg = config_from_dict({**start, name: value, "eval_interval": 1})
+            validate(cfg, check_env=False)
+        except ConfigError as e:
+            if str(e).startswith(f"{name}="):
+                raise ConfigError(f"{where}: {e}") from None
 
 
 def _enqueue(entries: Any, params: tuple[Dist, ...]) -> tuple[dict[str, Any], ...]:

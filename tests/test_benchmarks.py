@@ -184,7 +184,7 @@ def test_the_partly_observed_rows_get_their_own_table(tmp_path, monkeypatch):
 
     def row(env, seed, mean, config, extra=""):
         return {"env": env, "seed": str(seed), "world_size": "1", "total_steps": "1000000", "eval_mean": str(mean),
-                "config": config, "extra_args": extra, "sync_mode": "params"}  # fmt: skip
+                "config": config, "extra_args": extra, "sync_mode": "params", "commit": "abc1234"}  # fmt: skip
 
     rows = [row("Hopper-v5", s, m, "configs/hopper.yaml") for s, m in ((1, 3000), (2, 3200))]
     rows += [row("ppo_ddp/HopperNoVel-v5", s, m, "configs/hopper_novel.yaml") for s, m in ((1, 900), (2, 1100))]
@@ -198,3 +198,21 @@ def test_the_partly_observed_rows_get_their_own_table(tmp_path, monkeypatch):
     )
     main_table = text.split("## Partly observed envs")[0]
     assert "NoVel" not in main_table and "| Hopper-v5 |" in main_table
+
+
+def test_the_1m_table_has_every_mujoco_env_on_its_preset_seeds_1_to_3(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from returns_tables import REFERENCE, write_table
+
+    def row(seed, mean, extra="", commit="abc1234"):
+        return {"env": "Swimmer-v5", "seed": str(seed), "world_size": "1", "total_steps": "1001472",
+                "eval_mean": str(mean), "config": "configs/swimmer.yaml", "extra_args": extra, "sync_mode": "params",
+                "commit": commit}  # fmt: skip
+
+    # seeds 1-3 of the preset as `--env-id` runs it; not seed 4, nor a run with flags (an older --actor-timeout)
+    rows = [row(1, 300), row(2, 320, commit="def5678"), row(3, 310), row(4, 100), row(1, 50, "--actor-timeout 9")]
+    write_table(tmp_path / "returns.md", rows)
+    text = (tmp_path / "returns.md").read_text().split("## World sizes")[0]
+    assert "| Swimmer-v5 | 310 ± 8 (3) | 281.6 ± 9.7 | rl-baselines3-zoo" in text
+    assert "| abc1234, def5678 | — |" in text
+    assert len(REFERENCE) == 11 and all(f"| {env} |" in text for env in REFERENCE)

@@ -36,6 +36,7 @@ LAYERS = [
     "normalization",
     "rollout",
     "config",
+    "presets",
     "topology",
     "envs",
     "partial_envs",

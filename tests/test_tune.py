@@ -367,3 +367,18 @@ def test_the_recurrent_policy_s_fields_can_be_searched():
         "gru space",
     )
     assert [p.name for p in space.params] == ["policy", "rnn_hidden_size", "seq_length"]
+
+
+def test_without_base_each_env_starts_from_its_own_preset():
+    doc = {k: v for k, v in TINY.items() if k != "base"}
+    doc["envs"] = {"Hopper-v5": 2500, "Swimmer-v5": 280, "Pendulum-v1": 200}  # Pendulum-v1 has no preset
+    doc["fixed"] = {"total_timesteps": 256, "update_epochs": 1}
+    doc["params"] = {"learning_rate": TINY["params"]["learning_rate"]}
+    doc["enqueue"] = [{"learning_rate": 3.0e-4}]
+    space = parse_space(doc, "per-env space")
+    trial = {"learning_rate": 5.0e-4}
+    hopper, swimmer, pendulum = (space.trial_values(trial, env) for env in doc["envs"])
+    assert hopper["rollout_length"] == 1024 and hopper["gamma"] == 0.995  # configs/hopper.yaml
+    assert swimmer["gamma"] == 0.9999 and swimmer["num_minibatches"] == 16  # configs/swimmer.yaml
+    assert pendulum["env_id"] == "Pendulum-v1" and "gamma" not in pendulum  # Config's defaults
+    assert {hopper["learning_rate"], swimmer["learning_rate"], hopper["total_timesteps"]} == {5.0e-4, 256}

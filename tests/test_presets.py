@@ -1,0 +1,139 @@
+"""The preset of an env, chosen by `--env-id` without `--config` (ppo_ddp/presets.py), and every preset in configs/
+training two rounds of its own shape."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import signal
+from pathlib import Path
+
+import pytest
+import torch._dynamo
+
+from ppo_ddp.config import Config, load_yaml_defaults, parse_config
+from ppo_ddp.envs import is_dm_control, missing_dm_control
+from ppo_ddp.presets import PRESET_DIR, describe, find_preset, flag_value, presets
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = sorted((ROOT / "configs").glob("*.yaml"))
+MUJOCO_V5 = (
+    "Ant HalfCheetah Hopper Humanoid HumanoidStandup InvertedPendulum InvertedDoublePendulum Pusher Reacher Swimmer "
+    "Walker2d"
+).split()
+
+
+def values(cfg: Config) -> dict:
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k != "config"}
+
+
+def preset_values(path: Path) -> dict:
+    return values(Config(**load_yaml_defaults(path)))
+
+
+def test_env_id_without_config_trains_on_the_envs_preset():
+    cfg = parse_config(["--env-id", "Hopper-v5"])
+    assert Path(cfg.config).resolve() == ROOT / "configs" / "hopper.yaml"
+    assert values(cfg) == preset_values(ROOT / "configs" / "hopper.yaml")
+    assert cfg.rollout_length == 1024 and cfg.gamma == 0.995  # hopper.yaml's, not Config's 128 and 0.99
+
+
+@pytest.mark.parametrize("spelling", [["--env-id", "Hopper-v5"], ["--env-id=Hopper-v5"], ["--env_id", "Hopper-v5"]])
+def test_a_flag_still_overrides_a_preset_value(spelling):
+    cfg = parse_config(["--gamma", "0.97", *spelling])
+    assert cfg.gamma == 0.97
+    assert values(cfg) == {**preset_values(ROOT / "configs" / "hopper.yaml"), "gamma": 0.97}
+
+
+def test_config_replaces_the_preset(tmp_path):
+    own = tmp_path / "mine.yaml"
+    own.write_text("env_id: Hopper-v5\nlearning_rate: 1.0e-3\n")
+    cfg = parse_config(["--config", str(own)])
+    assert cfg.config == str(own)
+    assert values(cfg) == values(Config(env_id="Hopper-v5", learning_rate=1e-3))  # none of hopper.yaml's values
+
+
+def test_no_arguments_train_halfcheetah_on_its_preset():
+    cfg = parse_config([])
+    assert cfg.env_id == "HalfCheetah-v5" and Path(cfg.config).resolve() == ROOT / "configs" / "halfcheetah.yaml"
+
+
+def test_an_env_without_a_preset_gets_the_defaults():
+    cfg = parse_config(["--env-id", "Pendulum-v1"])
+    assert cfg.config is None and values(cfg) == values(Config(env_id="Pendulum-v1"))
+    assert describe(cfg.env_id, cfg.policy, cfg.config) == (
+        "no preset for Pendulum-v1 in configs/, so Config's defaults (tuned on HalfCheetah-v5)"
+    )
+
+
+def test_the_gru_flag_picks_the_envs_gru_preset_else_its_mlp_one():
+    gru = parse_config(["--env-id", "ppo_ddp/HopperNoVel-v5", "--policy", "gru"])
+    assert Path(gru.config).name == "hopper_novel_gru.yaml" and gru.policy == "gru"
+    fallback = parse_config(["--env-id", "Hopper-v5", "--policy", "gru"])
+    assert Path(fallback.config).name == "hopper.yaml" and fallback.policy == "gru"
+
+
+def test_the_start_line_says_which_preset_or_another_config():
+    assert describe("Hopper-v5", "mlp", "configs/hopper.yaml") == "preset configs/hopper.yaml"
+    assert describe("Hopper-v5", "mlp", "configs/ant.yaml") == "config configs/ant.yaml"  # ant's values on Hopper
+
+
+def test_every_gymnasium_mujoco_v5_env_has_a_preset():
+    assert {f"{name}-v5" for name in MUJOCO_V5} <= {env for env, policy in presets() if policy == "mlp"}
+
+
+def test_presets_are_found_by_their_own_env_and_policy_keys(tmp_path):
+    (tmp_path / "a.yaml").write_text("env_id: Hopper-v5\n")
+    (tmp_path / "b.yaml").write_text("env_id: Hopper-v5\npolicy: gru\n")
+    assert find_preset("Hopper-v5", "gru", tmp_path) == tmp_path / "b.yaml"
+    assert find_preset("Hopper-v5", "mlp", tmp_path) == tmp_path / "a.yaml"
+    assert find_preset("Ant-v5", "mlp", tmp_path) is None
+    (tmp_path / "c.yaml").write_text("env_id: Hopper-v5\npolicy: mlp\n")
+    with pytest.raises(ValueError, match="a.yaml and .*c.yaml are both for env Hopper-v5, policy mlp"):
+        find_preset("Hopper-v5", "mlp", tmp_path)
+
+
+def test_flag_value_reads_the_last_spelling_tyro_would_keep():
+    assert flag_value(["--env-id", "A", "--env_id=B"], "env-id") == "B"
+    assert flag_value(["--seed", "1"], "env-id") is None
+    assert flag_value(["--env-id"], "env-id") is None  # tyro says what is missing
+
+
+# ---- every preset trains two rounds ------------------------------------------------------------------------------
+@pytest.fixture
+def in_process():
+    """train.py's main in this process, eager (the compiled step has its own tests): signal handlers put back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with torch._dynamo.config.patch(disable=True):
+        yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process, capsys):
+    from ppo_ddp.launch import main
+
+    env_id = load_yaml_defaults(preset)["env_id"]
+    if is_dm_control(env_id) and missing_dm_control() is not None:
+        pytest.skip("needs the dmc extra (.ci/run runs it in its own step)")
+    policy = load_yaml_defaults(preset).get("policy", "mlp")
+    cfg = parse_config(["--env-id", env_id, "--policy", policy, "--runs-dir", str(tmp_path), "--run-name", "p"])
+    assert Path(cfg.config).resolve() == preset and PRESET_DIR == preset.parent  # the env id alone finds it
+    per_round = (cfg.actors_per_gpu or 2) * cfg.envs_per_actor * cfg.rollout_length
+    # round 0 seeds the statistics, then two rounds train; no evaluation: its full episodes would take longer
+    main(dataclasses.replace(cfg, total_timesteps=3 * per_round, eval_interval=0))
+    assert f"{env_id}, preset {cfg.config}: 2 rounds of {per_round} steps" in capsys.readouterr().out
+    with open(tmp_path / "p" / "metrics.csv", newline="") as f:
+        assert [int(r["global_step"]) for r in csv.DictReader(f)] == [2 * per_round, 3 * per_round]
+
+
+def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, in_process, capsys):
+    from ppo_ddp.launch import main
+
+    tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 1".split()
+    main(parse_config(["--env-id", "Pendulum-v1", *tiny, "--total-timesteps", "192", "--eval-interval", "0",
+                       "--runs-dir", str(tmp_path), "--run-name", "p"]))  # fmt: skip
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("Pendulum-v1, no preset for Pendulum-v1 in configs/, so Config's defaults (tuned on "
+                            "HalfCheetah-v5): 2 rounds of 64 steps")  # fmt: skip
