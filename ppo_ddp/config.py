@@ -21,7 +21,7 @@ from typing import Any, Literal, Optional
 import tyro
 
 from ppo_ddp.envs import env_problem
-from ppo_ddp.presets import implied_preset, split_config_flag
+from ppo_ddp.presets import flag_value, implied_preset, split_config_flag
 from ppo_ddp.topology import resolve_actors_per_learner
 
 
@@ -366,7 +366,10 @@ def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -
             path = path or implied_preset(rest, Config.env_id)  # no --config: the env's preset, if it has one
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        default = Config(**load_yaml_defaults(path), config=path) if path else Config()
+        values = load_yaml_defaults(path) if path else {}
+        if flag_value(rest, "num-actors") and not flag_value(rest, "actors-per-gpu"):
+            values.pop("actors_per_gpu", None)  # the flag's total overrides the file's count per learner
+        default = Config(**values, config=path) if path else Config()
         cfg = tyro.cli(Config, args=rest, default=default, prog=prog, description=Config.__doc__)
         if path:  # tyro no longer sees --config; keep where the defaults came from (the start line names it)
             cfg = dataclasses.replace(cfg, config=path)

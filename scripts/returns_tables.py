@@ -73,7 +73,9 @@ def mean_std(values: list[float]) -> str:
     """Mean ± std over seeds; one seed has no spread to show."""
     if not values:
         return "—"
-    return f"{values[0]:.0f}" if len(values) == 1 else f"{np.mean(values):.0f} ± {np.std(values):.0f}"
+    digits = 1 if max(abs(v) for v in values) < 100 else 0  # Reacher's -4.5 and Pusher's -28.2, not -4 and -28
+    one = f"{values[0]:.{digits}f}"
+    return one if len(values) == 1 else f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
 
 
 def own_shape(row: dict[str, str]) -> bool:
@@ -144,11 +146,14 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     ]
     for env_id, (figure, source) in REFERENCE.items():
         mine = [r for r in small if r["env"] == env_id and row_key(r)[4] == "params"]
-        # the preset exactly as `--env-id ENV` runs it: rows with any extra flag (an --actor-timeout too) are older
-        one = [r for r in mine if r["world_size"] == "1" and r["seed"] in BENCHMARK_SEEDS and not r["extra_args"]]
-        commits = ", ".join(sorted({r["commit"] for r in one})) or "—"
+        # the preset exactly as `--env-id ENV` runs it: rows with any extra flag (an --actor-timeout too) are older;
+        # only without such rows, the runs with flags, which the cell names
+        solo = [r for r in mine if r["world_size"] == "1"]
+        exact = [r for r in solo if r["seed"] in BENCHMARK_SEEDS and not r["extra_args"]]
+        one = _cell(exact, 10**6) if exact else _preset_cell(solo)
+        commits = ", ".join(sorted({r["commit"] for r in exact or solo})) or "—"
         two = _preset_cell([r for r in mine if r["world_size"] == "2"])
-        lines.append(f"| {env_id} | {_cell(one, 10**6)} | {figure} | {source} | {commits} | {two} |")
+        lines.append(f"| {env_id} | {one} | {figure} | {source} | {commits} | {two} |")
     lines += ["", "![learning curves](returns.png)", ""]
     lines += _world_size_table(small)
     lines += _scale_table([r for r in rows if is_scale(r)])

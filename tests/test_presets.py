@@ -45,6 +45,13 @@ def test_a_flag_still_overrides_a_preset_value(spelling):
     assert values(cfg) == {**preset_values(ROOT / "configs" / "hopper.yaml"), "gamma": 0.97}
 
 
+def test_a_num_actors_flag_overrides_the_presets_actors_per_gpu():
+    cfg = parse_config(["--env-id", "Hopper-v5", "--num-actors", "3"])  # hopper.yaml says actors_per_gpu: 2
+    assert (cfg.num_actors, cfg.actors_per_gpu, cfg.rollout_length) == (3, None, 1024)
+    both = parse_config(["--env-id", "Hopper-v5", "--num-actors", "4", "--actors-per-gpu", "4"])
+    assert (both.num_actors, both.actors_per_gpu) == (4, 4)
+
+
 def test_config_replaces_the_preset(tmp_path):
     own = tmp_path / "mine.yaml"
     own.write_text("env_id: Hopper-v5\nlearning_rate: 1.0e-3\n")
@@ -121,8 +128,11 @@ def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process, ca
     cfg = parse_config(["--env-id", env_id, "--policy", policy, "--runs-dir", str(tmp_path), "--run-name", "p"])
     assert Path(cfg.config).resolve() == preset and PRESET_DIR == preset.parent  # the env id alone finds it
     per_round = (cfg.actors_per_gpu or 2) * cfg.envs_per_actor * cfg.rollout_length
-    # round 0 seeds the statistics, then two rounds train; no evaluation: its full episodes would take longer
-    main(dataclasses.replace(cfg, total_timesteps=3 * per_round, eval_interval=0))
+    # round 0 seeds the statistics, then two rounds train, of the preset's shape and mini-batches; one epoch each
+    # and no evaluation (its full episodes), to keep 20 presets to seconds each: both have tests of their own. A
+    # long actor timeout: on a loaded machine a round of 1024 steps per env can outlast the default's 60 s margin.
+    short = dict(total_timesteps=3 * per_round, eval_interval=0, update_epochs=1, actor_timeout=600.0)
+    main(dataclasses.replace(cfg, **short))
     assert f"{env_id}, preset {cfg.config}: 2 rounds of {per_round} steps" in capsys.readouterr().out
     with open(tmp_path / "p" / "metrics.csv", newline="") as f:
         assert [int(r["global_step"]) for r in csv.DictReader(f)] == [2 * per_round, 3 * per_round]
