@@ -369,7 +369,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -
         values = load_yaml_defaults(path) if path else {}
         if flag_value(rest, "num-actors") and not flag_value(rest, "actors-per-gpu"):
             values.pop("actors_per_gpu", None)  # the flag's total overrides the file's count per learner
-        default = Config(**values, config=path) if path else Config()
+        default = Config(**values, config=path)
         cfg = tyro.cli(Config, args=rest, default=default, prog=prog, description=Config.__doc__)
         if path:  # tyro no longer sees --config; keep where the defaults came from (the start line names it)
             cfg = dataclasses.replace(cfg, config=path)
