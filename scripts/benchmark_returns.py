@@ -9,9 +9,9 @@ Each run is `python train.py --config configs/<env>.yaml` (configs/scale/<env>.y
 `torchrun --standalone --nproc_per_node=W` for world size W > 1) with the preset's total steps unless
 --total-timesteps says otherwise, and `--resume auto`: a run stopped by SIGTERM (kill the script's process
 group: `kill -TERM -PGID`) continues where it stopped when the same command is run again. Its final checkpoint
-is evaluated through ppo_ddp.evaluate: deterministic, 10 episodes. Rows go to docs/benchmarks/returns.csv (a row
-per run, replacing an earlier row of the same env/seed/world size/preset/sync mode, so a matrix can be run in
-pieces); wall_seconds is the training time summed over the run's sessions (start-up excluded); mujoco is the
+is evaluated through ppo_ddp.evaluate: deterministic, over the preset's eval_episodes (Config's 10 unless the preset
+says otherwise). Rows go to docs/benchmarks/returns.csv (a row per run, replacing an earlier row of the same
+env/seed/world size/preset/sync mode, so a matrix can be run in pieces); wall_seconds is the training time summed over the run's sessions (start-up excluded); mujoco is the
 MuJoCo version the run's venv had (the dmc extra puts 3.17.0 in place of 4.0.0; empty in rows written before
 the column). The tables in docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the
 scale presets; world_sizes.png: world sizes and sync modes; returns_partial.png: the partly observed envs;
@@ -168,7 +168,7 @@ def main() -> None:
     p.add_argument("--sync-modes", nargs="+", default=["params"], choices=["params", "gradients"])
     p.add_argument("--scale", action="store_true", help="the large-batch presets of configs/scale/")
     p.add_argument("--total-timesteps", type=int, default=None, help="default: the preset's")
-    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--eval-episodes", type=int, default=None, help="default: the preset's eval_episodes (Config: 10)")
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "benchmark")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "benchmarks")
     p.add_argument("--train-args", default="", help="extra flags for train.py, e.g. '--envs-per-actor 4'")
@@ -208,9 +208,11 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
     and the figures."""
     env_id, seed, world, preset, sync, _ = key
     model, obs_rms, cfg = load_policy(run_dir / f"model_{run_dir.name}.pt")
-    returns = evaluate_policy(model, obs_rms, cfg, args.eval_episodes, deterministic=True)
-    # the curve travels with the results (runs/ is not committed), so the plot can be rebuilt
-    metrics_csv = args.out_dir / "curves" / f"{run_dir.name}.csv"
+    episodes = args.eval_episodes if args.eval_episodes is not None else cfg.eval_episodes
+    returns = evaluate_policy(model, obs_rms, cfg, episodes, deterministic=True)
+    # the curve travels with the results (runs/ is not committed), so the plot can be rebuilt; named by the commit
+    # too, since a run folder's name is the same on every commit and an older row of other flags keeps its curve
+    metrics_csv = args.out_dir / "curves" / f"{run_dir.name}_{commit}.csv"
     metrics_csv.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run_dir / "metrics.csv", metrics_csv)
     with open(metrics_csv, newline="") as f:
@@ -241,8 +243,12 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
         flush=True,
     )
     # re-read: another benchmark_returns.py may have added rows to the same CSV meanwhile
-    rows = [r for r in read_rows(csv_path) if row_key(r) != key] + [row]
+    rows = read_rows(csv_path)
+    replaced = {r["curve"] for r in rows if row_key(r) == key} - {row["curve"]}
+    rows = [r for r in rows if row_key(r) != key] + [row]
     write_rows(csv_path, rows)
+    for curve in replaced - {r["curve"] for r in rows}:  # the replaced row's curve, unless another row uses it
+        (ROOT / curve).unlink(missing_ok=True)
     write_table(args.out_dir / "returns.md", rows)
     plot_all(rows, args.out_dir)  # after every row: a long benchmark stopped midway leaves its figures current
 

@@ -47,7 +47,9 @@ def test_benchmark_returns_lists_every_preset_with_its_env():
 
 
 def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
+    # the run's own eval_episodes (2) is also the final evaluation's, as a preset's is without --eval-episodes
     tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 1"
+    tiny += " --eval-episodes 2"
     cmd = [
         sys.executable,
         "scripts/benchmark_returns.py",
@@ -58,8 +60,6 @@ def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
         "2",
         "--total-timesteps",
         "128",
-        "--eval-episodes",
-        "2",
         "--runs-dir",
         str(tmp_path / "runs"),
         "--out-dir",
