@@ -130,11 +130,11 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     lines = [
         "# PPO returns",
         "",
-        "Ours: deterministic evaluation (10 episodes) of the final policy, mean ± std over seeds (their number in "
-        "brackets); rows from `returns.csv`, written by `scripts/benchmark_returns.py`. Its `mujoco` column is "
-        "the MuJoCo version of the run (the dmc extra installs 3.17.0 in place of 4.0.0); it is empty in the "
-        "rows written before the column existed: the package asks for mujoco>=3.2 and nothing recorded which "
-        "one they had.",
+        "Ours: deterministic evaluation of the final policy (10 episodes, or the preset's eval_episodes: Reacher's"
+        " 100; each row's count is in the CSV), mean ± std over seeds (their number in brackets); rows from "
+        "`returns.csv`, written by `scripts/benchmark_returns.py`. Its `mujoco` column is the MuJoCo version of "
+        "the run (the dmc extra installs 3.17.0 in place of 4.0.0); it is empty in the rows written before the "
+        "column existed: the package asks for mujoco>=3.2 and nothing recorded which one they had.",
         "",
         "## 1M env steps, the presets in configs/",
         "",
