@@ -10,13 +10,13 @@ Each run is `python train.py --config configs/<env>.yaml` (configs/scale/<env>.y
 --total-timesteps says otherwise, and `--resume auto`: a run stopped by SIGTERM (kill the script's process
 group: `kill -TERM -PGID`) continues where it stopped when the same command is run again. Its final checkpoint
 is evaluated through ppo_ddp.evaluate: deterministic, over the preset's eval_episodes (Config's 10 unless the
-preset says otherwise). Rows go to docs/benchmarks/returns.csv (a row per run, replacing an
-earlier row of the same env/seed/world size/preset/sync mode, so a matrix can be run in pieces); wall_seconds is
-the training time summed over the run's sessions (start-up excluded); mujoco is the MuJoCo version the run's venv
-had (the dmc extra puts 3.17.0 in place of 4.0.0; empty in rows written before the column). The tables in
-docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the scale presets;
-world_sizes.png: world sizes and sync modes; returns_partial.png: the partly observed envs; returns_dmc.png: the
-DeepMind Control Suite) are rebuilt from all rows, by scripts/returns_tables.py.
+preset says otherwise). Rows go to docs/benchmarks/returns.csv (a row per run, replacing an earlier row of the
+same env/seed/world size/preset/sync mode, so a matrix can be run in pieces); wall_seconds is the training time
+summed over the run's sessions (start-up excluded); mujoco is the MuJoCo version the run's venv had (the dmc extra
+puts 3.17.0 in place of 4.0.0; empty in rows written before the column). The tables in docs/benchmarks/returns.md
+and the curves (returns.png: 1M presets; returns_10m.png: the scale presets; world_sizes.png: world sizes and sync
+modes; returns_partial.png: the partly observed envs; returns_dmc.png: the DeepMind Control Suite) are rebuilt
+from all rows, by scripts/returns_tables.py.
 """
 
 from __future__ import annotations

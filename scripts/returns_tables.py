@@ -127,11 +127,14 @@ def _preset_cell(rows: list[dict[str, str]]) -> str:
 
 def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     small = [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
+    # a preset's eval_episodes sets its rows' count; the exceptions are read from the rows, not kept here
+    other = sorted({(r["env"], int(r["eval_episodes"])) for r in rows if r.get("eval_episodes", "") not in ("", "10")})
+    episodes = "each preset's eval_episodes: 10" + "".join(f"; {env}: {n}" for env, n in other)
     lines = [
         "# PPO returns",
         "",
-        "Ours: deterministic evaluation of the final policy (10 episodes, or the preset's eval_episodes: Reacher's"
-        " 100; each row's count is in the CSV), mean ± std over seeds (their number in brackets); rows from "
+        f"Ours: deterministic evaluation of the final policy over episodes ({episodes}), mean ± std "
+        "over seeds (their number in brackets); rows from "
         "`returns.csv`, written by `scripts/benchmark_returns.py`. Its `mujoco` column is the MuJoCo version of "
         "the run (the dmc extra installs 3.17.0 in place of 4.0.0); it is empty in the rows written before the "
         "column existed: the package asks for mujoco>=3.2 and nothing recorded which one they had.",
