@@ -275,12 +275,20 @@ class Actor:
         state the step left, before the reset zeroed it."""
         T, clip = self.cfg.rollout_length, self.cfg.obs_clip
         next_values, values = self.out["next_values"], self.out["values"]
+        next_obs = self.out.get("next_obs")  # kept for the learner's recomputation (cfg.recompute_advantages)
+        last_obs = normalize_obs(self.raw[T], obs_rms, clip)
         next_values[:-1] = values[1:]
-        next_values[-1] = self.kernel.step(normalize_obs(self.raw[T], obs_rms, clip), self.state)[1]
+        next_values[-1] = self.kernel.step(last_obs, self.state)[1]
+        if next_obs is not None:
+            next_obs[:-1] = self.out["obs"][1:]
+            next_obs[-1] = last_obs
         if finals:
             states = None if self.state is None else np.stack([f.state for f in finals])
             final_obs = normalize_obs(np.stack([f.obs for f in finals]), obs_rms, clip)
-            next_values[[f.step for f in finals], [f.env for f in finals]] = self.kernel.step(final_obs, states)[1]
+            ended = [f.step for f in finals], [f.env for f in finals]
+            next_values[ended] = self.kernel.step(final_obs, states)[1]
+            if next_obs is not None:
+                next_obs[ended] = final_obs
 
     def _advantages(self, ret_rms: Optional[Moments]) -> Optional[Moments]:
         """Rewards, GAE advantages and returns, flags into the rollout; the moments of this round's discounted

@@ -34,6 +34,9 @@ returns        float32  [A, T, E]           advantages + values
 rewards        float32  [A, T, E]           raw env reward (unscaled)
 terminated     uint8    [A, T, E]           1 / 0
 truncated      uint8    [A, T, E]           1 / 0
+*next_obs*     (recompute_advantages only)
+next_obs       float32  [A, T, E, obs_dim]  the observation after step t, before any reset, normalised as obs: what
+                                            next_values is V of, for the learner to value again with a newer critic
 *recurrent*    (policy "gru" only: rnn_hidden H > 0; L = seq_length, T a multiple of it)
 episode_start  uint8    [A, T, E]           1: obs[t] is the first of an episode (the state entering step t is zero)
 hidden         float32  [A, T/L, E, H]      the GRU state entering step c * L of each env: the state the update
@@ -76,6 +79,7 @@ ROLLOUT_FIELDS = (
     "terminated",
     "truncated",
 )
+NEXT_OBS_FIELDS = ("next_obs",)
 RECURRENT_FIELDS = ("episode_start", "hidden")
 FLAG_FIELDS = ("terminated", "truncated", "episode_start")
 
@@ -97,6 +101,8 @@ class BufferSpec:
     rnn_hidden: int = 0
     """Width of the GRU state (0: an MLP policy, no recurrent fields)."""
     seq_length: int = 1
+    next_obs: bool = False
+    """Keep each step's next observation (cfg.recompute_advantages)."""
 
     @staticmethod
     def for_config(cfg: Config, num_actors: int, obs_dim: int, act_dim: int, num_params: int) -> BufferSpec:
@@ -105,11 +111,14 @@ class BufferSpec:
         return BufferSpec(
             num_actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_params,
             rnn_hidden=cfg.rnn_hidden_size if gru else 0, seq_length=cfg.seq_length if gru else 1,
+            next_obs=cfg.recompute_advantages,
         )  # fmt: skip
 
     def rollout_fields(self) -> tuple[str, ...]:
         """The fields an actor writes, in layout order."""
-        return ROLLOUT_FIELDS + (RECURRENT_FIELDS if self.rnn_hidden else ())
+        return (
+            ROLLOUT_FIELDS + (NEXT_OBS_FIELDS if self.next_obs else ()) + (RECURRENT_FIELDS if self.rnn_hidden else ())
+        )
 
     def fields(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         A, T, E = self.num_actors, self.rollout_length, self.envs_per_actor
@@ -135,6 +144,7 @@ class BufferSpec:
             "rewards": (f32, (A, T, E)),
             "terminated": (u8, (A, T, E)),
             "truncated": (u8, (A, T, E)),
+            **({"next_obs": (f32, (A, T, E, self.obs_dim))} if self.next_obs else {}),
             **(
                 {"episode_start": (u8, (A, T, E)), "hidden": (f32, (A, T // self.seq_length, E, self.rnn_hidden))}
                 if self.rnn_hidden

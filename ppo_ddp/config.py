@@ -95,7 +95,11 @@ class Config:
     num_minibatches: int = 32
     """Mini-batches per epoch on each learner; must divide actors_per_gpu * envs_per_actor * rollout_length."""
     norm_adv: bool = True
-    """Normalise advantages with the mean/std over all ranks' data of the round."""
+    """Normalise advantages with the mean/std over all ranks' data of the round (with recompute_advantages: over
+    this rank's data, at each epoch)."""
+    recompute_advantages: bool = False
+    """Recompute advantages and value targets with the current critic before every epoch (Tianshou's recompute_adv,
+    "What Matters in On-Policy RL"), so later epochs see a critic that learned from the round. Policy "mlp" only."""
     clip_coef: float = 0.2
     """PPO surrogate clipping coefficient."""
     clip_vloss: bool = True
@@ -317,6 +321,8 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail(
             "param_sync_interval", cfg.param_sync_interval, 'must be 1 with sync_mode "gradients" (ranks never differ)'
         )
+    if cfg.recompute_advantages and cfg.policy == "gru":
+        raise _fail("recompute_advantages", True, 'needs policy "mlp" (a GRU\'s values depend on its state)')
     if not cfg.hidden_sizes or any(h <= 0 for h in cfg.hidden_sizes):
         raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
     if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():

@@ -12,7 +12,30 @@ import torch
 from ppo_ddp import compiled
 from ppo_ddp.config import Config
 from ppo_ddp.model import ActorCritic, flatten_parameters_
+from ppo_ddp.normalization import scale_reward
 from ppo_ddp.ppo_step import FlatAdam, Minibatch, PPOStep
+from ppo_ddp.rollout import compute_gae
+
+
+@dataclass
+class RoundSteps:
+    """What recomputing the advantages needs besides the rows' obs (cfg.recompute_advantages): each step's next
+    observation as rows, and the GAE inputs the actors had, on the [T, A * E] grid of compute_gae."""
+
+    next_obs: torch.Tensor  # rows [B, obs_dim], in the batch's row order (actor, step, env)
+    rewards: torch.Tensor  # [T, A * E]: scaled as the actors scaled them (the round's frozen return statistics)
+    terminated: torch.Tensor  # [T, A * E], bool
+    truncated: torch.Tensor
+    num_actors: int
+
+    def grid(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows [A * T * E] (actor, step, env) as the [T, A * E] grid."""
+        T = self.rewards.shape[0]
+        return rows.reshape(self.num_actors, T, -1).movedim(1, 0).reshape(T, -1)
+
+    def rows(self, grid: torch.Tensor) -> torch.Tensor:
+        """The [T, A * E] grid as rows [A * T * E]: the inverse of grid()."""
+        return grid.reshape(grid.shape[0], self.num_actors, -1).movedim(0, 1).reshape(-1)
 
 
 @dataclass
@@ -28,16 +51,18 @@ class RolloutBatch:
     returns: torch.Tensor
     hidden: Optional[torch.Tensor] = None
     episode_start: Optional[torch.Tensor] = None
+    steps: Optional[RoundSteps] = None
 
     def __len__(self) -> int:
         """Rows: what the epochs shuffle and the mini-batches split."""
         return self.obs.shape[0]
 
     @staticmethod
-    def from_buffers(buffers, device: torch.device) -> RolloutBatch:
+    def from_buffers(buffers, device: torch.device, reward_clip: float = 10.0) -> RolloutBatch:
         """The [A, T, E, ...] shared rollout as rows; non_blocking copies when the buffers are pinned. Chunks (a GRU's
         rows) are env by env: chunk (a, e, c) holds steps c*L .. c*L+L-1 of env e of actor a, whose entering state
-        is hidden[a, c, e]; ranks and actors never share a chunk."""
+        is hidden[a, c, e]; ranks and actors never share a chunk. With next observations in the layout, the
+        RoundSteps for recomputing the advantages (rewards scaled with reward_clip, as the actors did)."""
         L = buffers.spec.seq_length if buffers.spec.rnn_hidden else None
 
         def rows(t: torch.Tensor, trailing: int) -> torch.Tensor:
@@ -60,6 +85,20 @@ class RolloutBatch:
             batch.episode_start = rows(buffers.episode_start, 0).float()
             hidden = buffers.hidden.movedim(2, 1)  # [A, T/L, E, H] -> [A, E, T/L, H]: the chunks' order
             batch.hidden = hidden.reshape(-1, *hidden.shape[3:]).to(device, non_blocking=True)
+        if buffers.spec.next_obs:
+
+            def grid(t: torch.Tensor) -> torch.Tensor:  # [A, T, E] -> [T, A * E]
+                return t.movedim(1, 0).reshape(t.shape[1], -1).to(device, non_blocking=True)
+
+            ret_rms = buffers.read_stats()[1]  # the frozen statistics the actors scaled this round's rewards with
+            rewards = torch.from_numpy(scale_reward(buffers.arrays["rewards"], ret_rms, reward_clip))
+            batch.steps = RoundSteps(
+                rows(buffers.next_obs, 1),
+                grid(rewards),
+                grid(buffers.terminated.bool()),
+                grid(buffers.truncated.bool()),
+                buffers.spec.num_actors,
+            )
         return batch
 
 
@@ -185,29 +224,32 @@ class Learner:
         """
         cfg = self.cfg
         buffer_size = batch.advantages.numel()  # samples; recorded before the buffer is released for the next round
-        advantages = batch.advantages
-        if cfg.norm_adv:
-            mean, std = global_mean_std(advantages)
-            advantages = (advantages - mean) / (std + 1e-8)
-        old_values, returns = batch.values, batch.returns
+        old_values = batch.values
         if value_stats is not None:
-            v_mean, v_std = value_stats
-            old_values, returns = (old_values - v_mean) / v_std, (returns - v_mean) / v_std
+            old_values = (old_values - value_stats[0]) / value_stats[1]
         rows = len(batch)  # samples, or a GRU's chunks
         minibatch_size = rows // cfg.num_minibatches
 
         # Each epoch gathers the round in its shuffled order once, so that mini-batches are contiguous slices
         # (views) instead of six index ops each; the samples of each mini-batch are the same either way.
         # The advantages are negated once here rather than twice in every mini-batch (-a * r is (-a) * r).
-        columns = (batch.obs, batch.actions, batch.logp, old_values, -advantages, returns)
+        columns = [
+            batch.obs,
+            batch.actions,
+            batch.logp,
+            old_values,
+            *self._targets(batch, global_mean_std, value_stats),
+        ]
         if batch.hidden is not None:
-            columns += (batch.hidden, batch.episode_start)
+            columns += [batch.hidden, batch.episode_start]
         # contiguous whatever the columns are: the compiled step was traced on contiguous mini-batches
         shuffled = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in columns]
         losses: list[torch.Tensor] = []  # [pg, v, entropy] of each mini-batch
         log_ratios: list[torch.Tensor] = []  # kept for approx_kl and clipfrac, computed once after the epochs
         epochs_done = 0
-        for _ in range(cfg.update_epochs):
+        for epoch in range(cfg.update_epochs):
+            if epoch > 0 and batch.steps is not None:  # the critic has learned: its advantages of the round, again
+                columns[4:6] = self._targets(batch, global_mean_std, value_stats)
             permutation = torch.randperm(rows, generator=self.generator, device=self.device)
             for column, out in zip(columns, shuffled):
                 torch.index_select(column, 0, permutation, out=out)
@@ -243,6 +285,24 @@ class Learner:
             "charts/learning_rate": self.learning_rate,
         }
 
+    def _targets(
+        self, batch: RolloutBatch, global_mean_std: GlobalMeanStd, value_stats: Optional[tuple[float, float]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The epoch's (-advantages, returns), normalised as cfg asks: the actors' advantages with the statistics of
+        all ranks, or (batch.steps: cfg.recompute_advantages) those of the current critic with this rank's own, as
+        a collective at every epoch could wait forever on a rank that stopped early (target_kl)."""
+        if batch.steps is None:
+            advantages, returns = batch.advantages, batch.returns
+            adv_stats = global_mean_std(advantages) if self.cfg.norm_adv else None
+        else:
+            advantages, returns = recompute_advantages(self.model, batch, self.cfg, value_stats)
+            adv_stats = (advantages.mean(), advantages.std()) if self.cfg.norm_adv else None
+        if adv_stats is not None:
+            advantages = (advantages - adv_stats[0]) / (adv_stats[1] + 1e-8)
+        if value_stats is not None:
+            returns = (returns - value_stats[0]) / value_stats[1]
+        return -advantages, returns
+
     def _minibatch_step(self, mb: Minibatch) -> tuple[torch.Tensor, torch.Tensor]:
         """One clipped-PPO step on one mini-batch; ([pg_loss, v_loss, entropy], log-ratio), detached."""
         if not self.sync_gradients:
@@ -259,6 +319,29 @@ class Learner:
         if self.sync_gradients:
             self.rank_mean(kl)
         return kl.item()
+
+
+def recompute_advantages(
+    model: ActorCritic, batch: RolloutBatch, cfg: Config, value_stats: Optional[tuple[float, float]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE of the round with the model's current critic: (advantages, returns) as rows, in the units of the scaled
+    rewards, as the actors compute them with the critic of the round (value_stats: the critic learns returns
+    standardised with these, so its output is de-normalised first)."""
+    steps = batch.steps
+    with torch.no_grad():
+        values, next_values = model.value(batch.obs), model.value(steps.next_obs)
+    if value_stats is not None:
+        values, next_values = (v * value_stats[1] + value_stats[0] for v in (values, next_values))
+    advantages, returns = compute_gae(
+        steps.rewards,
+        steps.grid(values),
+        steps.grid(next_values),
+        steps.terminated,
+        steps.truncated,
+        cfg.gamma,
+        cfg.gae_lambda,
+    )
+    return steps.rows(advantages), steps.rows(returns)
 
 
 def _approx_kl(log_ratio: torch.Tensor) -> torch.Tensor:

@@ -182,7 +182,7 @@ class Trainer:
             run.value_rms if cfg.normalize_value else None,
         )
         seconds = time.time() - start
-        return Rollout(reports, RolloutBatch.from_buffers(pool.buffers, self.ctx.device), seconds)
+        return Rollout(reports, RolloutBatch.from_buffers(pool.buffers, self.ctx.device, cfg.reward_clip), seconds)
 
     def _merge_statistics(self, rollout: Rollout) -> Optional[tuple[float, float]]:
         """Merge this round's increments over all actors of all ranks into the history, once; returns the
@@ -195,7 +195,8 @@ class Trainer:
                 merge_rms_states(r.obs_moments for r in rollout.reports) if cfg.normalize_obs else None,
                 merge_rms_states(r.return_moments for r in rollout.reports) if cfg.normalize_reward else None,
                 tensor_moments(rollout.batch.returns) if cfg.normalize_value else None,
-                tensor_moments(rollout.batch.advantages) if cfg.norm_adv else None,
+                # recomputed advantages are normalised by each rank at each epoch (Learner._targets)
+                tensor_moments(rollout.batch.advantages) if cfg.norm_adv and not cfg.recompute_advantages else None,
             ],
             [self.obs_shape, (), (), ()],
         )

@@ -33,6 +33,7 @@ from ppo_ddp.actor_pool import ActorError, ActorPool  # noqa: E402
 from ppo_ddp.buffers import FLAG_SENTINEL, ROLLOUT_FIELDS, BufferSpec, SharedBuffers  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.envs import env_seed, make_env  # noqa: E402
+from ppo_ddp.learner import RolloutBatch, recompute_advantages  # noqa: E402
 from ppo_ddp.model import ActorCritic, PolicyKernel  # noqa: E402
 from ppo_ddp.normalization import (  # noqa: E402
     DiscountedReturn,
@@ -177,29 +178,36 @@ def test_policy_kernel_matches_model(activation):
 
 
 # ---------------------------------------------------------------------------------------- scripted rollouts
+SCRIPTED_ROUND_STATS = [  # the frozen (obs, return) statistics of each scripted round: the first has none yet
+    (None, None),
+    (
+        Moments(np.array([100.0, 2.0, 3.0]), np.array([9.0, 4.0, 300.0]), 50.0),
+        Moments(np.array(0.5), np.array(2.5), 40.0),
+    ),
+]
+
+
+def scripts_of(cfg: Config) -> dict[tuple[int, int], dict[str, np.ndarray]]:
+    """What each scripted env (actor a, env e) does over the scripted rounds and the first step after them."""
+    steps = (len(SCRIPTED_ROUND_STATS) + 1) * cfg.rollout_length
+    return {
+        (a, e): scripted_env.expected_script(float(env_seed(cfg.seed, 0, a, e) % 1000), steps)
+        for a in range(cfg.actors_per_gpu)
+        for e in range(cfg.envs_per_actor)
+    }
+
+
 def test_scripted_rollout_contents_bootstrap_and_gae():
     """Exact obs/rewards/flags, V(final obs) bootstrap on truncation, no bootstrap on termination, GAE."""
     cfg = make_cfg(SCRIPTED, normalize_obs=True, normalize_reward=True, gamma=0.9, gae_lambda=0.8)
     T, E, A = cfg.rollout_length, cfg.envs_per_actor, cfg.actors_per_gpu
-    rounds = [  # (weights seed, obs stats, return stats): round 1 has no statistics yet
-        (0, None, None),
-        (
-            1,
-            Moments(np.array([100.0, 2.0, 3.0]), np.array([9.0, 4.0, 300.0]), 50.0),
-            Moments(np.array(0.5), np.array(2.5), 40.0),
-        ),
-    ]
-    scripts = {
-        (a, e): scripted_env.expected_script(float(env_seed(cfg.seed, 0, a, e) % 1000), (len(rounds) + 1) * T)
-        for a in range(A)
-        for e in range(E)
-    }
+    scripts = scripts_of(cfg)
     tags = {scripts[k]["obs"][0, 0] for k in scripts}
     assert len(tags) == A * E, "every env gets its own seed"
     returns_tracker = {a: DiscountedReturn(E, cfg.gamma) for a in range(A)}
     with ActorPool(cfg, rank=0, num_actors=A, obs_dim=3, act_dim=2, pin_memory=False) as pool:
-        for r, (weights_seed, obs_rms, ret_rms) in enumerate(rounds):
-            model = make_model(cfg, 3, 2, weights_seed)
+        for r, (obs_rms, ret_rms) in enumerate(SCRIPTED_ROUND_STATS):
+            model = make_model(cfg, 3, 2, seed=r)
             reports = pool.collect(model, obs_rms, ret_rms)
             data = snapshot(pool)
             assert_fully_written(data)
@@ -337,6 +345,37 @@ def test_mujoco_rollout_matches_replay(env_id):
         assert any(rep.episode_returns for rep in reports), "no episode ended: resets untested"
     for env, _ in replays.values():
         env.close()
+    assert_released(pool)
+
+
+def test_next_observations_let_the_learner_recompute_the_actors_advantages():
+    """cfg.recompute_advantages: the actors keep each step's next observation (the final one where an episode
+    ended, the next round's first after the last step), and the learner's GAE with the same critic, rewards
+    scaled with the round's frozen statistics, is the actors' own, row for row."""
+    cfg = make_cfg(SCRIPTED, recompute_advantages=True, gamma=0.9, gae_lambda=0.8)
+    T, E, A = cfg.rollout_length, cfg.envs_per_actor, cfg.actors_per_gpu
+    scripts = scripts_of(cfg)
+    with ActorPool(cfg, rank=0, num_actors=A, obs_dim=3, act_dim=2, pin_memory=False) as pool:
+        for r, (obs_rms, ret_rms) in enumerate(SCRIPTED_ROUND_STATS):
+            model = make_model(cfg, 3, 2, seed=r)
+            pool.collect(model, obs_rms, ret_rms)
+            next_obs = pool.buffers.arrays["next_obs"]
+            assert np.isfinite(next_obs).all()
+            window = slice(r * T, (r + 1) * T)
+            for a in range(A):
+                exp = {
+                    k: np.stack([scripts[a, e][k][window] for e in range(E)], axis=1)
+                    for k in ("final", "terminated", "truncated")
+                }
+                raw_next = np.stack([scripts[a, e]["obs"][r * T + 1 : (r + 1) * T + 1] for e in range(E)], axis=1)
+                ended = (exp["terminated"] | exp["truncated"])[..., None]
+                assert ended.any()
+                want = normalize_obs(np.where(ended, exp["final"], raw_next), obs_rms, cfg.obs_clip)
+                np.testing.assert_array_equal(next_obs[a], want)
+            batch = RolloutBatch.from_buffers(pool.buffers, torch.device("cpu"), cfg.reward_clip)
+            advantages, returns = recompute_advantages(model, batch, cfg, None)
+            torch.testing.assert_close(advantages, batch.advantages, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(returns, batch.returns, rtol=1e-5, atol=1e-5)
     assert_released(pool)
 
 

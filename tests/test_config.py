@@ -196,6 +196,7 @@ def exit_line(argv, capsys) -> str:
             ["--num-actors", "8", "--num-gpus", "2", "--actors-per-gpu", "3"],
             "num_actors=8 must equal num_gpus * actors_per_gpu",
         ),
+        (["--policy", "gru", "--recompute-advantages"], 'recompute_advantages=True: needs policy "mlp"'),
         (["--resume", "no/such/checkpoint.pt"], "resume='no/such/checkpoint.pt': must be 'auto' or the path"),
         (["--config", "no/such/file.yaml"], "config='no/such/file.yaml': no such file"),
         (["--config"], "config: --config needs the path of a YAML file"),

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from ppo_ddp.config import Config
-from ppo_ddp.learner import Learner, RolloutBatch
+from ppo_ddp.learner import Learner, RolloutBatch, RoundSteps
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.normalization import tensor_moments
+from ppo_ddp.rollout import compute_gae
 
 OBS, ACT, B = 6, 3, 256
 
@@ -219,3 +220,57 @@ def test_the_learners_statistics_run_on_a_device_without_float64():
     metrics = learner.train_step(on_device_without_float64(batch), local_mean_std)
     reference, _ = make(Config(update_epochs=2, num_minibatches=4))
     assert metrics == reference.train_step(batch, local_mean_std)
+
+
+# ---- recompute_advantages ------------------------------------------------------------------------------------
+def gae_of(model: ActorCritic, batch: RolloutBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: GAE of the round with the model's critic, rows (actor, step, env) put on the [T, A * E] grid
+    by an index of their own."""
+    steps, (T, n) = batch.steps, batch.steps.rewards.shape
+    index = torch.arange(len(batch)).reshape(steps.num_actors, T, -1).movedim(1, 0).reshape(T, n)
+    with torch.no_grad():
+        values, next_values = model.value(batch.obs)[index], model.value(steps.next_obs)[index]
+    grid = compute_gae(steps.rewards, values, next_values, steps.terminated, steps.truncated, cfg.gamma, cfg.gae_lambda)
+    advantages, returns = torch.empty(len(batch)), torch.empty(len(batch))
+    advantages[index.reshape(-1)], returns[index.reshape(-1)] = (g.reshape(-1) for g in grid)
+    return advantages, returns
+
+
+def round_with_steps(model: ActorCritic, cfg: Config, actors: int = 2, T: int = 16, envs: int = 8) -> RolloutBatch:
+    """A round of actors x T x envs steps with episode ends of both kinds, its advantages those of the model."""
+    g = torch.Generator().manual_seed(5)
+    rows = actors * T * envs
+    obs = torch.randn(rows, OBS, generator=g)
+    with torch.no_grad():
+        actions, logp, values = model.sample(obs, g)
+    steps = RoundSteps(
+        next_obs=torch.randn(rows, OBS, generator=g),
+        rewards=torch.randn(T, actors * envs, generator=g),
+        terminated=torch.rand(T, actors * envs, generator=g) < 0.1,
+        truncated=torch.rand(T, actors * envs, generator=g) < 0.1,
+        num_actors=actors,
+    )
+    batch = RolloutBatch(obs, actions, logp, values, values, values, steps=steps)
+    batch.advantages, batch.returns = gae_of(model, batch, cfg)
+    return batch
+
+
+def test_recomputed_advantages_are_those_of_the_critic_each_epoch_starts_with():
+    # Two epochs with recomputation == one epoch, then one more on the round's advantages recomputed by the
+    # reference with the critic the first left (the old values, for value clipping, stay the actors').
+    cfg = Config(update_epochs=2, num_minibatches=4, recompute_advantages=True)
+    learner, _ = make(cfg)
+    batch = round_with_steps(learner.model, cfg)
+    learner.train_step(batch, lambda adv: pytest.fail("normalised with this rank's statistics, no collective"))
+
+    one_epoch = dataclasses.replace(cfg, update_epochs=1, recompute_advantages=False)
+    reference, _ = make(one_epoch)
+    reference.train_step(dataclasses.replace(batch, steps=None), local_mean_std)
+    advantages, returns = gae_of(reference.model, batch, cfg)
+    assert not torch.allclose(advantages, batch.advantages, atol=1e-3)  # the critic has learned
+    reference.train_step(dataclasses.replace(batch, advantages=advantages, returns=returns, steps=None), local_mean_std)
+    torch.testing.assert_close(learner.params, reference.params, rtol=1e-5, atol=1e-6)
+
+    without, _ = make(dataclasses.replace(cfg, recompute_advantages=False))
+    without.train_step(dataclasses.replace(batch, steps=None), local_mean_std)
+    assert not torch.allclose(without.params, learner.params, atol=1e-5)
