@@ -22,7 +22,9 @@ from all rows, by scripts/returns_tables.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import fcntl
 import hashlib
 import math
 import os
@@ -31,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -198,9 +201,7 @@ def main() -> None:
                         env_key, seed, world, args.total_timesteps, args.runs_dir, args.train_args, args.scale, sync
                     )
                     record(run_dir, key, args, commit, csv_path)
-    rows = read_rows(csv_path)
-    write_table(args.out_dir / "returns.md", rows)
-    plot_all(rows, args.out_dir)
+    refresh_tables(csv_path, args.out_dir)
     print(f"wrote {csv_path}, {args.out_dir / 'returns.md'} and the figures in {args.out_dir}")
 
 
@@ -243,15 +244,40 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
         f"train(last 10%) {row['train_return_last10pct']}, {wall / 60:.1f} min",
         flush=True,
     )
-    # re-read: another benchmark_returns.py may have added rows to the same CSV meanwhile
-    rows = read_rows(csv_path)
-    replaced = {r["curve"] for r in rows if row_key(r) == key} - {row["curve"]}
-    rows = [r for r in rows if row_key(r) != key] + [row]
-    write_rows(csv_path, rows)
-    for curve in replaced - {r["curve"] for r in rows}:  # the replaced row's curve, unless another row uses it
-        (ROOT / curve).unlink(missing_ok=True)
-    write_table(args.out_dir / "returns.md", rows)
-    plot_all(rows, args.out_dir)  # after every row: a long benchmark stopped midway leaves its figures current
+    put_row(csv_path, key, row)
+    refresh_tables(
+        csv_path, args.out_dir
+    )  # after every row: a long benchmark stopped midway leaves its figures current
+
+
+@contextlib.contextmanager
+def rows_locked(csv_path: Path) -> Iterator[None]:
+    """One benchmark_returns.py at a time between here and the end of the block. Several run at once (a seed each),
+    and each re-reads, rewrites and plots every row: unlocked, one lost a row another had just written, or plotted
+    a curve another had just deleted."""
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(csv_path.parent / f".{csv_path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def put_row(csv_path: Path, key: tuple[str, ...], row: dict) -> None:
+    """The run's row into the CSV, replacing its earlier one, whose curve goes unless another row uses it."""
+    with rows_locked(csv_path):
+        rows = read_rows(csv_path)
+        replaced = {r["curve"] for r in rows if row_key(r) == key} - {row["curve"]}
+        rows = [r for r in rows if row_key(r) != key] + [row]
+        write_rows(csv_path, rows)
+        for curve in replaced - {r["curve"] for r in rows}:
+            (ROOT / curve).unlink(missing_ok=True)
+
+
+def refresh_tables(csv_path: Path, out_dir: Path) -> None:
+    """returns.md and the figures, from every row of the CSV."""
+    with rows_locked(csv_path):
+        rows = read_rows(csv_path)
+        write_table(out_dir / "returns.md", rows)
+        plot_all(rows, out_dir)
 
 
 if __name__ == "__main__":

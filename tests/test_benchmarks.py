@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,36 @@ def test_preset_parses_into_a_valid_config(preset):
         assert name.replace("_", "") in cfg.env_id.lower()
     assert cfg.policy == ("gru" if preset.stem.endswith("_gru") else "mlp")
     assert cfg.total_timesteps == (300_000 if name.startswith("pendulum") else 1_000_000)
+
+
+# Two benchmark_returns.py recording at once (a seed each): every row of both ends up in the CSV. Both start
+# writing together, once both have imported (seconds), so that their writes interleave.
+PUT_ROWS = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, "scripts")
+from benchmark_returns import FIELDS, put_row
+csv_path, writer = Path(sys.argv[1]), sys.argv[2]
+(csv_path.parent / f"ready_{writer}").touch()
+while not (csv_path.parent / "go").exists():
+    time.sleep(0.001)
+for seed in range(ROWS):
+    row = {**dict.fromkeys(FIELDS, ""), "env": writer, "seed": seed, "world_size": 1, "config": "c", "curve": "x"}
+    put_row(csv_path, (writer, str(seed), "1", "c", "params", ""), row)
+""".replace("ROWS", "100")
+
+
+def test_rows_recorded_at_once_by_two_benchmarks_are_all_kept(tmp_path):
+    csv_path, writers = tmp_path / "returns.csv", ("A", "B")
+    procs = [subprocess.Popen([sys.executable, "-c", PUT_ROWS, str(csv_path), w], cwd=ROOT) for w in writers]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready_{w}").exists() for w in writers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    with open(csv_path, newline="") as f:
+        rows = {(r["env"], int(r["seed"])) for r in csv.DictReader(f)}
+    assert rows == {(w, seed) for w in writers for seed in range(100)}
 
 
 def test_benchmark_returns_lists_every_preset_with_its_env():
