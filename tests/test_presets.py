@@ -147,3 +147,18 @@ def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, in_process, 
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("Pendulum-v1, no preset for Pendulum-v1 in configs/, so Config's defaults (tuned on "
                             "HalfCheetah-v5): 2 rounds of 64 steps")  # fmt: skip
+
+
+def test_a_run_that_recomputes_advantages_trains_its_rounds(tmp_path, in_process):
+    # The trainer's side of recompute_advantages: the next observations in the layout, the rewards scaled as the
+    # actors did, no advantage statistics merged across ranks; with a critic of normalised returns.
+    from ppo_ddp.launch import main
+
+    tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 2".split()
+    main(parse_config(["--env-id", "Hopper-v5", *tiny, "--recompute-advantages", "--normalize-value",
+                       "--total-timesteps", "192", "--eval-interval", "0", "--runs-dir", str(tmp_path),
+                       "--run-name", "r"]))  # fmt: skip
+    with open(tmp_path / "r" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["global_step"]) for r in rows] == [128, 192]
+    assert all(float(r["losses/value_loss"]) > 0 and float(r["losses/epochs"]) == 2 for r in rows)
