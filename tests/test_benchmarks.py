@@ -80,7 +80,7 @@ def test_benchmark_returns_lists_every_preset_with_its_env():
 def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
     # the run's own eval_episodes (2) is also the final evaluation's, as a preset's is without --eval-episodes
     tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 1"
-    tiny += " --eval-episodes 2"
+    tiny += " --eval-episodes 2 --no-compile"
     cmd = [
         sys.executable,
         "scripts/benchmark_returns.py",
@@ -133,6 +133,7 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
         "1x8",
         "--work-dir",
         str(tmp_path / "work"),
+        "--flags=--no-compile",  # a new shape's compile is ~20 s (before the timed window, which it cannot change)
     ]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     # The timeouts only catch a hang: 1.5 min on an idle 2-core machine, over 5 beside five training runs
@@ -156,7 +157,15 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
     assert lines[-1].startswith("ratio ") and float(lines[-1].split()[1]) == pytest.approx(expected, abs=rounding)
 
     mem = subprocess.run(
-        [sys.executable, "scripts/bench_throughput.py", "--memory-rounds", "22", "--work-dir", str(tmp_path / "mem")],
+        [
+            sys.executable,
+            "scripts/bench_throughput.py",
+            "--memory-rounds",
+            "22",
+            "--work-dir",
+            str(tmp_path / "mem"),
+            "--flags=--no-compile",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -171,6 +180,7 @@ def test_bench_scale_end_to_end_on_a_tiny_budget():
     # One timed round of the Humanoid preset against a limit of half a second per measurement: the plumbing and
     # the arithmetic of the printed lines, not the speed.
     cmd = [sys.executable, "scripts/bench_scale.py", "--seconds", "0.5", "--warmup-rounds", "1", "--rounds", "1"]
+    cmd += ["--flags=--no-compile"]  # a new shape's compile is ~20 s, before the timed round
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

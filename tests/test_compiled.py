@@ -189,7 +189,16 @@ def test_train_py_without_a_cxx_compiler_warns_once_and_trains_eagerly(tmp_path)
     """A real failure of inductor (its C++ compiler missing), not a stand-in: one warning line that names the cause
     and --no-compile, then the run trains eagerly to its end."""
     env = {"CXX": str(tmp_path / "no-such-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}  # cache: a miss
-    args = [sys.executable, "train.py", *SMALL, "--total-timesteps", "192", "--runs-dir", str(tmp_path / "runs")]
+    args = [
+        sys.executable,
+        "train.py",
+        *SMALL,
+        "--compile",
+        "--total-timesteps",
+        "192",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    ]
     proc = run([*args, "--run-name", "eager"], tmp_path, debug=False, env=env)
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "did not compile" in warnings[0] and "--no-compile" in warnings[0], proc.stderr

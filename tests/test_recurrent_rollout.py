@@ -131,12 +131,12 @@ def test_a_truncation_bootstraps_from_the_state_after_its_step(actor_rounds):
 
 # ---- runs: torchrun, both sync modes, resume, evaluate ---------------------------------------------------------
 # The shapes of tests/test_compiled.py's GRU config (Hopper's sizes, chunks of 4, mini-batches of 4 chunks), so the
-# params-mode run loads that compiled step from inductor's cache.
+# params-mode run (compiled, over SMALL's --no-compile) loads that compiled step from inductor's cache.
 GRU = ["--policy", "gru", "--seq-length", "4", "--rnn-hidden-size", "8", "--hidden-sizes", "16"]
 
 
 def test_a_gru_policy_trains_on_two_ranks_resumes_and_evaluates(tmp_path):
-    first = torchrun(tmp_path, *GRU, rounds=2)
+    first = torchrun(tmp_path, *GRU, "--compile", rounds=2)
     assert "done: 384 steps" in first.stdout, first.stdout
     resumed = torchrun(tmp_path, *GRU, "--resume", "auto", rounds=4)
     assert "resumed from" in resumed.stdout and "done: 640 steps" in resumed.stdout, resumed.stdout

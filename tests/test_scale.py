@@ -280,6 +280,7 @@ def test_a_preset_loads_and_runs_two_rounds(preset, tmp_path):
             str(tmp_path / "runs"),
             "--run-name",
             "p",
+            "--no-compile",  # a new shape's compile is ~20 s; the compiled step has its own tests
         ],
         tmp_path,
         debug=False,

@@ -27,6 +27,9 @@ ROUNDS = 4
 # within a round, so every round has finished episodes and terminations.
 # log_std_init 0.0 (std 1.0) and gamma 0.99 are pinned: the resume test's tolerance (docs/reliability.md) was
 # measured with them (--env-id alone would bring configs/hopper.yaml's gamma 0.995).
+# --no-compile: loading the compiled step from inductor's cache costs each process ~4-5 s of CPU, a third of a
+# two-rank test's; the runs about the compiled step say --compile (it is also checked against the eager one in-process,
+# tests/test_compiled.py).
 SMALL = [
     "--env-id",
     "Hopper-v5",
@@ -48,6 +51,7 @@ SMALL = [
     "0.0",
     "--gamma",
     "0.99",
+    "--no-compile",
     "--eval-interval",  # evaluation is on by default; the tests that check it turn it on themselves
     "0",
 ]
@@ -240,6 +244,7 @@ def test_single_process_run_then_evaluate(tmp_path):
             str(tmp_path / "runs"),
             "--run-name",
             "solo",
+            "--compile",  # the default a user gets, over SMALL's --no-compile
         ],
         tmp_path,
         env={"TORCH_LOGS": "recompiles"},  # dynamo logs any recompilation of the step

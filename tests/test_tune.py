@@ -31,7 +31,15 @@ from ppo_ddp.config import ConfigError, load_yaml_defaults  # noqa: E402
 TINY = {
     "base": "configs/halfcheetah.yaml",
     "envs": {"HalfCheetah-v5": 3000},
-    "fixed": {"total_timesteps": 256, "actors_per_gpu": 1, "envs_per_actor": 2, "update_epochs": 1, "eval_episodes": 1},
+    # compile off: each trial's shape would be a new compile of ~20 s (the compiled step has its own tests)
+    "fixed": {
+        "total_timesteps": 256,
+        "actors_per_gpu": 1,
+        "envs_per_actor": 2,
+        "update_epochs": 1,
+        "eval_episodes": 1,
+        "compile": False,
+    },
     "eval_every_steps": 64,
     "pruner": {"n_startup_trials": 1, "n_warmup_steps": 0},
     "sampler": {"n_startup_trials": 2},

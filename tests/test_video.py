@@ -3,6 +3,7 @@ GL backend is chosen when MuJoCo first renders in a process; without a renderer 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -94,6 +95,7 @@ def train_with_video(tmp_path: Path, gl: str | None, *flags: str):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+@functools.cache  # one answer per session: the machine's renderer does not change between tests
 def renderer_here() -> bool:
     env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"), PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", IN_VIEW, "Hopper-v5"], env=env, capture_output=True, text=True)
