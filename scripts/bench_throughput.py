@@ -29,6 +29,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -198,7 +199,7 @@ def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, wo
         str(work),
         "--run-name",
         name,
-        *args.flags.split(),
+        *args.flags,
     ]
     launcher = (
         [sys.executable]
@@ -233,7 +234,7 @@ def learner_rss_growth(args: argparse.Namespace, work: Path) -> None:
         str(work),
         "--run-name",
         name,
-        *args.flags.split(),
+        *args.flags,
     ]
     log = work / f"{name}.log"
     with open(log, "w") as out:
@@ -326,7 +327,9 @@ def main(argv: list[str] | None = None) -> None:
         help="the checkout whose train.py runs (e.g. an older commit's worktree, for before/after)",
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
-    parser.add_argument("--flags", default="", help="train.py flags for every ppo_ddp run, e.g. '--no-compile'")
+    parser.add_argument(
+        "--flags", type=shlex.split, default=[], help="train.py flags for every ppo_ddp run, e.g. '--no-compile'"
+    )
     args = parser.parse_args(argv)
 
     import torch  # noqa: F401  (the version for the header; the trainers run in their own processes)
