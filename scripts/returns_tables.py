@@ -125,6 +125,15 @@ def _preset_cell(rows: list[dict[str, str]]) -> str:
     return _cell(rows, 10**6) + f" with `{'`, `'.join(flags)}`"
 
 
+def one_learner_rows(small: list[dict[str, str]], env_id: str) -> tuple[list[dict[str, str]], bool]:
+    """The rows behind an env's 1M cell and curve, and whether they are the preset exactly as `--env-id ENV` runs
+    it on seeds 1-3. Rows with any extra flag (an --actor-timeout too) are older: they count only where no exact
+    row exists, and the cell names their flags."""
+    solo = [r for r in small if r["env"] == env_id and row_key(r)[4] == "params" and r["world_size"] == "1"]
+    exact = [r for r in solo if r["seed"] in BENCHMARK_SEEDS and not r["extra_args"]]
+    return (exact, True) if exact else (solo, False)
+
+
 def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     small = [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
     # a preset's eval_episodes sets its rows' count; the exceptions are read from the rows, not kept here
@@ -148,13 +157,10 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         "|---|---|---|---|---|---|",
     ]
     for env_id, (figure, source) in REFERENCE.items():
+        chosen, exact = one_learner_rows(small, env_id)
+        one = _cell(chosen, 10**6) if exact else _preset_cell(chosen)
+        commits = ", ".join(sorted({r["commit"] for r in chosen})) or "—"
         mine = [r for r in small if r["env"] == env_id and row_key(r)[4] == "params"]
-        # the preset exactly as `--env-id ENV` runs it: rows with any extra flag (an --actor-timeout too) are older;
-        # only without such rows, the runs with flags, which the cell names
-        solo = [r for r in mine if r["world_size"] == "1"]
-        exact = [r for r in solo if r["seed"] in BENCHMARK_SEEDS and not r["extra_args"]]
-        one = _cell(exact, 10**6) if exact else _preset_cell(solo)
-        commits = ", ".join(sorted({r["commit"] for r in exact or solo})) or "—"
         two = _preset_cell([r for r in mine if r["world_size"] == "2"])
         lines.append(f"| {env_id} | {one} | {figure} | {source} | {commits} | {two} |")
     lines += ["", "![learning curves](returns.png)", ""]
@@ -276,8 +282,9 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     def curves(selected: list[tuple[str, dict[str, str]]]) -> list[tuple[str, Path]]:
         return [(label, ROOT / r["curve"]) for label, r in selected if (ROOT / r["curve"]).exists()]
 
-    one = [(r["env"], r) for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)
-           and int(r["world_size"]) == 1]  # fmt: skip
+    small = [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
+    # the runs behind the 1M table's cells, not every older row of the env
+    one = [(env_id, r) for env_id in REFERENCE for r in one_learner_rows(small, env_id)[0]]
     dmc = [(r["env"], r) for r in rows if is_dmc(r) and not is_scale(r)]
     if dmc:
         plot_curves(curves(dmc), out_dir / "returns_dmc.png")

@@ -257,3 +257,20 @@ def test_the_1m_table_has_every_mujoco_env_on_its_preset_seeds_1_to_3(tmp_path, 
     assert "| Swimmer-v5 | 310 ± 8 (3) | 281.6 ± 9.7 | rl-baselines3-zoo" in text
     assert "| abc1234, def5678 | — |" in text
     assert len(REFERENCE) == 11 and all(f"| {env} |" in text for env in REFERENCE)
+
+
+def test_the_1m_figure_plots_the_rows_behind_the_table(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import returns_tables
+
+    def row(seed, extra=""):
+        curve = tmp_path / f"swimmer_s{seed}_{len(extra)}.csv"
+        curve.write_text("global_step,charts/episodic_return\n")
+        return {"env": "Swimmer-v5", "seed": str(seed), "world_size": "1", "config": "configs/swimmer.yaml",
+                "extra_args": extra, "sync_mode": "params", "curve": str(curve)}  # fmt: skip
+
+    plotted = {}
+    monkeypatch.setattr(returns_tables, "plot_curves", lambda curves, out: plotted.update({out.name: curves}))
+    rows = [row(1), row(2), row(3), row(4), row(1, "--actor-timeout 9")]  # seed 4 and the flagged run are not in it
+    returns_tables.plot_all(rows, tmp_path)
+    assert [path.name for _, path in plotted["returns.png"]] == [f"swimmer_s{s}_0.csv" for s in (1, 2, 3)]
