@@ -97,6 +97,11 @@ def is_partial(row: dict[str, str]) -> bool:
     return row["env"].startswith(PARTIAL_PREFIX)
 
 
+def gym_1m_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows of the 1M tables: gymnasium's fully observed MuJoCo envs, not the 10M presets."""
+    return [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
+
+
 def _policy(row: dict[str, str]) -> str:
     """The policy a row ran: the --policy of its flags, else its preset's (read back from the preset file)."""
     flags = shlex.split(row["extra_args"])
@@ -135,7 +140,7 @@ def one_learner_rows(small: list[dict[str, str]], env_id: str) -> tuple[list[dic
 
 
 def write_table(path: Path, rows: list[dict[str, str]]) -> None:
-    small = [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
+    small = gym_1m_rows(rows)
     # a preset's eval_episodes sets its rows' count; the exceptions are read from the rows, not kept here
     other = sorted({(r["env"], int(r["eval_episodes"])) for r in rows if r.get("eval_episodes", "") not in ("", "10")})
     episodes = "each preset's eval_episodes: 10" + "".join(f"; {env}: {n}" for env, n in other)
@@ -282,7 +287,7 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     def curves(selected: list[tuple[str, dict[str, str]]]) -> list[tuple[str, Path]]:
         return [(label, ROOT / r["curve"]) for label, r in selected if (ROOT / r["curve"]).exists()]
 
-    small = [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
+    small = gym_1m_rows(rows)
     # the runs behind the 1M table's cells, not every older row of the env
     one = [(env_id, r) for env_id in REFERENCE for r in one_learner_rows(small, env_id)[0]]
     dmc = [(r["env"], r) for r in rows if is_dmc(r) and not is_scale(r)]
@@ -295,8 +300,7 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     scale = [(r["env"], r) for r in rows if is_scale(r)]
     if scale:
         plot_curves(curves(scale), out_dir / "returns_10m.png")
-    envs = {r["env"] for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)
-            and int(r["world_size"]) > 1}  # fmt: skip
+    envs = {r["env"] for r in small if int(r["world_size"]) > 1}
     worlds = [
         (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(shape_flags(r['extra_args']))}".strip(), r)
         for r in rows
