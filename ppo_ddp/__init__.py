@@ -1,7 +1,35 @@
-"""ppo_ddp: PPO for MuJoCo robots with one learner per GPU (torchrun) and shared-memory actor processes."""
+"""ppo_ddp: PPO for MuJoCo robots with one learner per GPU (torchrun) and shared-memory actor processes.
+
+The Python API, for notebooks and scripts (docs/usage.md, "Python API"):
+
+    from ppo_ddp import Config, load_config, train
+
+    if __name__ == "__main__":  # the actor processes import this script again
+        checkpoint = train("hopper", seed=2)      # Hopper-v5's preset; or train(Config(...)), train(env_id=...)
+
+The command line is `python -m ppo_ddp.train` (ppo-ddp-train), `ppo_ddp.evaluate`, `ppo_ddp.export` and
+`ppo_ddp.tune`.
+"""
+
+from typing import Any
 
 from ppo_ddp import partial_envs
 
 __version__ = "0.1.0"
+__all__ = ["Config", "load_config", "train"]
 
 partial_envs.register()  # the partly observed envs' gymnasium ids, for any library that imports ppo_ddp
+
+
+def __getattr__(name: str) -> Any:
+    """The API's names, imported when first used: `import ppo_ddp` stays light (no torch) for the processes that
+    only need an env id registered or a config read."""
+    if name in ("Config", "load_config"):
+        from ppo_ddp import config
+
+        return getattr(config, name)
+    if name == "train":
+        from ppo_ddp.launch import train
+
+        return train
+    raise AttributeError(f"module 'ppo_ddp' has no attribute {name!r}")

@@ -1,27 +1,19 @@
-"""The one Config of a training run, its YAML loading and its validation.
-
-`parse_config(argv)` is what train.py calls: `--config FILE.yaml`, or else the preset of the env the flags name
-(configs/hopper.yaml for `--env-id Hopper-v5`, ppo_ddp/presets.py), supplies defaults, command-line flags override
-them, and every value is checked before any process, env or collective starts. A bad value is one line on stderr
-that names the field, the value and what is allowed, and exit status 2.
+"""The one Config of a training run and its validation: every value is checked before any process, env or
+collective starts, and a bad one is a ConfigError that names the field, the value and what is allowed (one line on
+stderr and exit status 2 from the command line). Where a run's values come from (a preset or YAML file, flags,
+keyword fields) is ppo_ddp/configure.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
-import sys
 import typing
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import tyro
-
 from ppo_ddp.envs import env_problem
-from ppo_ddp.presets import flag_value, implied_preset, split_config_flag
 from ppo_ddp.topology import resolve_actors_per_learner
 
 
@@ -184,8 +176,9 @@ class Config:
     """Resume from a checkpoint: a path, or 'auto' for the latest checkpoint of run_name (fresh if it has none)."""
 
     config: Optional[str] = None
-    """YAML file whose keys set defaults for the fields above; flags override it. Without it, the preset of env_id
-    in configs/ (configs/hopper.yaml for Hopper-v5), or Config's defaults for an env that has none."""
+    """A preset's name (hopper, scale/humanoid: ppo_ddp/configs/) or a YAML file, whose keys set defaults for the
+    fields above; flags override it. Without it, the preset of env_id (hopper for Hopper-v5), or Config's defaults
+    for an env that has none."""
 
 
 COUNT_FIELDS = tuple(
@@ -215,7 +208,7 @@ def _fail(name: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"{name}={value!r}: {allowed}")
 
 
-def _coerce(name: str, annotation: Any, value: Any) -> Any:
+def coerce(name: str, annotation: Any, value: Any) -> Any:
     """Check a YAML value against the field's type, converting only where YAML cannot say it (list → tuple,
     int → float)."""
     origin = typing.get_origin(annotation)
@@ -224,7 +217,7 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
         if value is None:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(name, inner[0], value)
+        return coerce(name, inner[0], value)
     if origin is Literal:
         if value not in args:
             raise _fail(name, value, f"must be one of {', '.join(map(str, args))}")
@@ -255,37 +248,6 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
             raise _fail(name, value, "must be a string")
         return value
     raise TypeError(f"no YAML coercion for field {name} of type {annotation}")  # a programming error
-
-
-def read_yaml(path: str | Path, label: str) -> Any:
-    """A YAML file's content; ConfigError starting with label when it is missing or not YAML."""
-    import yaml
-
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{label}: no such file") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{label}: not a readable YAML file ({str(e).splitlines()[0]})") from None
-
-
-def load_yaml_defaults(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping of Config field names to values, checked against the fields' types."""
-    path = Path(path)
-    raw = read_yaml(path, f"config={str(path)!r}")
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config={str(path)!r}: must be a YAML mapping of field names to values")
-    hints = typing.get_type_hints(Config)
-    known = set(field_names()) - {"config"}
-    values = {}
-    for key, value in raw.items():
-        if key not in known:
-            hint = f"; did you mean {key.replace('-', '_')!r}?" if str(key).replace("-", "_") in known else ""
-            raise ConfigError(f"unknown key {key!r} in {path}{hint} (allowed: {', '.join(sorted(known))})")
-        values[key] = _coerce(key, hints[key], value)
-    return values
 
 
 def validate(cfg: Config, check_env: bool = True) -> None:
@@ -361,32 +323,6 @@ def check_round_split(cfg: Config, actors: int) -> None:
                     f"round ({shape})")  # fmt: skip
 
 
-def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -> Config:
-    """Config from flags over `--config FILE.yaml`, or over the preset of the env they name (ppo_ddp/presets.py);
-    exits with status 2 and one line on bad input."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    prog = Path(sys.argv[0]).name or "train.py"
-    try:
-        try:
-            path, rest = split_config_flag(argv)
-            path = path or implied_preset(rest, Config.env_id)  # no --config: the env's preset, if it has one
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        values = load_yaml_defaults(path) if path else {}
-        if flag_value(rest, "num-actors") and not flag_value(rest, "actors-per-gpu"):
-            values.pop("actors_per_gpu", None)  # the flag's total overrides the file's count per learner
-        default = Config(**values, config=path)
-        cfg = tyro.cli(Config, args=rest, default=default, prog=prog, description=Config.__doc__)
-        if path:  # tyro no longer sees --config; keep where the defaults came from (the start line names it)
-            cfg = dataclasses.replace(cfg, config=path)
-        validate(cfg, check_env=check_env)
-    except ConfigError as e:
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun every rank finds it: one line per node
-            print(f"{prog}: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    return cfg
-
-
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain types only (tuples → lists), for YAML files and weights_only checkpoints."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
@@ -396,4 +332,4 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     """Inverse of config_to_dict; keys this version does not know are ignored (older/newer checkpoints)."""
     known = set(field_names())
     hints = typing.get_type_hints(Config)
-    return Config(**{k: _coerce(k, hints[k], v) for k, v in values.items() if k in known})
+    return Config(**{k: coerce(k, hints[k], v) for k, v in values.items() if k in known})

@@ -25,7 +25,10 @@ _SILENCED_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
 
 DM_CONTROL_NAMESPACE = "dm_control/"
 """The gymnasium namespace shimmy registers the DeepMind Control Suite under: dm_control/cheetah-run-v0."""
-DM_CONTROL_INSTALL = "pip install -e '.[dmc]' (after pip uninstall -y mujoco mujoco-core mujoco-studio)"
+DM_CONTROL_INSTALL = (  # pyproject.toml's dmc extra, spelled out: a wheel's user has no checkout to `pip install -e`
+    "pip install mujoco==3.17.0 dm-control==1.0.50 'shimmy[dm-control]==2.0.1' (after pip uninstall -y mujoco "
+    "mujoco-core mujoco-studio)"
+)
 """What installs dm_control and shimmy at versions that work together (it pins mujoco 3.17.0; docs/usage.md)."""
 
 

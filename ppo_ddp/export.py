@@ -158,7 +158,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.format == "onnx":
         for module in ONNX_MODULES:
             if problem := missing_extra(module):
-                _fail(f"--format onnx {problem} (or pip install -e '.[export]')")
+                _fail(f"--format onnx {problem} (or all of them: pip install onnx onnxscript onnxruntime)")
     try:
         policy, meta = export_policy(args.checkpoint, args.format, args.output)
     except CheckpointError as e:

@@ -1,51 +1,72 @@
-"""Launching: `python train.py` and torchrun workers alike enter here; what the user is told at the end too.
+"""Launching: the command line, the Python API and torchrun workers alike enter here; what the user is told at the
+end too.
 
-`main` decides the topology once (ppo_ddp/topology.py), starts the learners through our own elastic launch when
-`python train.py` asks for several, or else forms the process group and trains; it maps every ending to one
-exit status (docs/reliability.md): 0 done, 1 a failure during training, 2 bad input, 128 + signal stopped by a
-signal. A stop's last line says how to resume, with the same launcher and flags.
+The command line is one program under three names: `python -m ppo_ddp.train`, the console script `ppo-ddp-train`
+and a checkout's `python train.py` (ppo_ddp/train.py parses its flags, then calls `main`); `torchrun
+--nproc_per_node=N -m ppo_ddp.train` (or `... train.py`) starts one per GPU. `ppo_ddp.train(...)` is the same run
+for Python (`train`). Both go through `run`, which decides the topology once (ppo_ddp/topology.py), starts the
+learners through our own elastic launch when one process asks for several, or else forms the process group and
+trains. `main` maps every ending of the command line to one exit status (docs/reliability.md): 0 done, 1 a failure
+during training, 2 bad input, 128 + signal stopped by a signal.
+A stop's last line says how to resume, with the same launcher and flags.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
+import shutil
 import socket
 import sys
+import time
 import uuid
 from datetime import timedelta
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Union
 
 import torch.distributed as dist
+import yaml
 
+import ppo_ddp
 from ppo_ddp import distributed as D
 from ppo_ddp.agreement import BAD_INPUT, RunFailed, Stopped
-from ppo_ddp.config import Config
+from ppo_ddp.checkpointer import checkpoint_paths
+from ppo_ddp.config import Config, config_to_dict, validate
+from ppo_ddp.configure import load_config
+from ppo_ddp.run_log import default_run_name
 from ppo_ddp.signals import ForcedStop, StopRequests, exit_code, signal_name
 from ppo_ddp.topology import TrainingTopology
 from ppo_ddp.trainer import Trainer
 
+MODULE = "ppo_ddp.train"
+"""The command line's module: `python -m ppo_ddp.train`, `torchrun -m ppo_ddp.train`."""
 
-def main(cfg: Config) -> None:
-    """Entry of train.py: launch the learners (torchrun, or our own elastic launch), then train."""
+
+def train(config: Union[Config, str, None] = None, **fields: Any) -> Path:
+    """Train a policy, as the command line would, and return the absolute path of the run's latest checkpoint
+    (runs_dir/run_name/model_<run_name>.pt; the best one lies beside it as model_<run_name>_best.pt).
+
+        train(Config(env_id="Hopper-v5"))              # exactly this Config (Config's defaults elsewhere)
+        train("hopper", seed=2)                        # a preset by name (or a YAML file), fields over it
+        train(env_id="Hopper-v5", seed=2)              # as `--env-id Hopper-v5 --seed 2`: Hopper's preset
+
+    Call it under `if __name__ == "__main__":` in a script: the actor processes start by forkserver or spawn, which
+    import the script again. Raises ConfigError (or CheckpointError) for bad input, RunFailed when training failed,
+    Stopped when a signal (Ctrl-C) stopped it after saving (its .checkpoint says where)."""
+    if isinstance(config, Config):
+        cfg = dataclasses.replace(config, **fields)
+        validate(cfg)
+    else:
+        cfg = load_config(config, **fields)
+    return run(cfg).resolve()
+
+
+def main(cfg: Config, argv: Optional[list[str]] = None) -> None:
+    """Train cfg as the command line `argv` (default: this process's) asked, and map every ending to an exit
+    status."""
     try:
-        # Decided once, before any learner starts; our own launch hands its decision to every worker.
-        topology = D.training_topology(cfg)
-        device = None
-        if not D.under_torchrun():
-            if topology.num_learners > 1:
-                launch_learners(topology, sys.argv)
-                return
-            device = "cuda:0" if topology.device == "cuda" else topology.device
-        # Installed once the process group is up: a signal while it forms (which can wait on other nodes)
-        # ends the learner as usual, with nothing to save; from then on it is a stop at the next round.
-        with D.process_group(device) as ctx, StopRequests(announce=D.is_local_main()) as stop:
-            try:
-                Trainer(cfg, ctx, stop, topology.actors_per_learner).train()
-            except Stopped as e:
-                if ctx.is_main:
-                    print(stop_message(e), flush=True)
-                raise
+        run(cfg, list(sys.argv if argv is None else argv))
     except BAD_INPUT as e:  # found alike by every rank (e.g. a topology that does not fit)
         D.say_once_per_node(f"train.py: error: {e}")
         raise SystemExit(2) from None
@@ -58,13 +79,64 @@ def main(cfg: Config) -> None:
         raise SystemExit(1) from None
 
 
-def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
-    """`python train.py` with several learners: start them through torch's elastic launcher, like torchrun.
+def run(cfg: Config, argv: Optional[list[str]] = None) -> Path:
+    """Launch the learners (torchrun, or our own elastic launch), then train; the latest checkpoint's path.
 
-    argv is train.py's command line (script first); every learner re-runs it under torchrun's environment
-    and takes the actors per learner decided here (D.OWN_LAUNCH_ENV), not a count of its own.
-    The rendezvous store listens on 127.0.0.1 only (torchrun --standalone's listens on every interface).
-    Exits with the first failed learner's status, or 128 + signal when the launcher itself was signalled.
+    argv: the command line to start several learners with (program first); None (the Python API) starts them
+    with cfg itself, written into the run folder as launch.yaml."""
+    # Decided once, before any learner starts; our own launch hands its decision to every worker.
+    topology = D.training_topology(cfg)
+    device = None
+    if not D.under_torchrun():
+        if topology.num_learners > 1:
+            # The learners would each name the run by their start time: the launcher names it for all of them.
+            cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name(cfg.env_id, cfg.seed, time.time()))
+            launch_learners(topology, argv + ["--run-name", cfg.run_name] if argv else launch_command(cfg))
+            return checkpoint_paths(Path(cfg.runs_dir) / cfg.run_name, cfg.run_name)[0]
+        device = "cuda:0" if topology.device == "cuda" else topology.device
+    # Installed once the process group is up: a signal while it forms (which can wait on other nodes)
+    # ends the learner as usual, with nothing to save; from then on it is a stop at the next round.
+    with D.process_group(device) as ctx, StopRequests(announce=D.is_local_main()) as stop:
+        trainer = Trainer(cfg, ctx, stop, topology.actors_per_learner)
+        try:
+            trainer.train()
+        except Stopped as e:
+            if ctx.is_main:
+                print(stop_message(e), flush=True)
+            raise
+    return trainer.checkpointer.latest
+
+
+def launch_command(cfg: Config) -> list[str]:
+    """The command line that trains cfg: `-m ppo_ddp.train --config RUN_FOLDER/launch.yaml`, for the API."""
+    path = Path(cfg.runs_dir) / cfg.run_name / "launch.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = {k: v for k, v in config_to_dict(cfg).items() if k != "config"}
+    path.write_text(f"# ppo_ddp.train({cfg.config or 'Config(...)'}): the run as launched\n" + yaml.safe_dump(values))
+    return [str(Path(__file__).with_name("train.py")), "--config", str(path)]
+
+
+def program(argv0: str) -> list[str]:
+    """How to start this program again as the user did: `-m ppo_ddp.train`, or the script (train.py, or the
+    console script ppo-ddp-train) argv0 names."""
+    return ["-m", MODULE] if Path(argv0).resolve() == Path(__file__).with_name("train.py") else [argv0]
+
+
+def package_env() -> dict[str, str]:
+    """The environment of a process that runs `python -m ppo_ddp...`: it imports the ppo_ddp that this process runs
+    (a checkout's, or the installed one), whatever the working directory."""
+    home = str(Path(ppo_ddp.__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p)}
+
+
+def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
+    """One process asked for several learners: start them through torch's elastic launcher, like torchrun.
+
+    argv is the command line (program first: `-m ppo_ddp.train`'s file, train.py or ppo-ddp-train); every learner
+    re-runs it under torchrun's environment and takes the actors per learner decided here (D.OWN_LAUNCH_ENV), not
+    a count of its own. The rendezvous store listens on 127.0.0.1 only (torchrun --standalone's listens on every
+    interface). Exits with the first failed learner's status, or 128 + signal when the launcher itself was
+    signalled.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -77,7 +149,8 @@ def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
         f"--rdzv-id={uuid.uuid4()}",
         "--nnodes=1",
         f"--nproc_per_node={topology.num_learners}",
-        *argv,
+        *program(argv[0]),
+        *argv[1:],
     ]
     print(
         f"starting {topology.num_learners} learners with {topology.actors_per_learner} actor(s) each: "
@@ -85,11 +158,12 @@ def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
         flush=True,
     )
     os.environ[D.OWN_LAUNCH_ENV] = str(topology.actors_per_learner)
+    os.environ["PYTHONPATH"] = package_env()["PYTHONPATH"]  # the learners import this ppo_ddp
     try:
         run(parse_args(args))
     except ChildFailedError as e:  # each learner has said what went wrong; torchrun's report would repeat it
         code = e.get_first_failure()[1].exitcode
-        raise SystemExit(code if code > 0 else 128 - code) from None
+        raise RunFailed("a learner failed", code if code > 0 else 128 - code) from None
     except SignalException as e:  # Ctrl-C: the learners got it forwarded, saved and stopped
         raise SystemExit(exit_code(int(e.sigval))) from None
 
@@ -117,8 +191,11 @@ def resume_command(run_name: Optional[str], argv: Optional[list[str]] = None) ->
             skip = "=" not in arg
             continue
         flags.append(arg)
-    tail = [argv[0], *flags] + (["--resume", "auto", "--run-name", run_name] if run_name is not None else [])
+    tail = [*program(argv[0]), *flags] + (["--resume", "auto", "--run-name", run_name] if run_name is not None else [])
     if not D.under_torchrun() or D.launched_by_us():
+        if tail[0] != "-m" and not tail[0].endswith(".py"):  # a console script: its name, where the PATH finds it
+            name = Path(tail[0]).name
+            return shlex.join([name if shutil.which(name) == str(Path(tail[0]).resolve()) else tail[0], *tail[1:]])
         return shlex.join(["python", *tail])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))

@@ -1,15 +1,17 @@
-"""Which YAML file sets a run's defaults: `--config FILE`, else the preset of the env the flags name.
+"""Which YAML file sets a run's defaults: `--config NAME|FILE`, else the preset of the env the flags name.
 
-A preset is a YAML file directly in configs/: the tuned 1M-step settings of one env (and policy), whose
-results are in docs/benchmarks/returns.md. `python train.py --env-id Hopper-v5` trains on configs/hopper.yaml as
-if `--config configs/hopper.yaml` had been given: flags still override its values, and `--config FILE` replaces
-it. `python train.py` alone trains Config's env, HalfCheetah-v5, on its preset. An env without a preset trains
-on Config's defaults (tuned on HalfCheetah-v5), and the start line says so. The large-batch presets of
-configs/scale/ and the search spaces of configs/tune/ are only ever read through --config.
+The presets are package data, in ppo_ddp/configs/, so a wheel carries them as a checkout does. A preset is named by
+its path there without `.yaml`: `hopper` (the tuned 1M-step settings of Hopper-v5, whose results are in
+docs/benchmarks/returns.md), `scale/humanoid` (a 10M-step large-batch preset). `python train.py --env-id
+Hopper-v5` trains on the preset `hopper` as if `--config hopper` had been given: flags still override its values,
+and `--config NAME|FILE` replaces it. `python train.py` alone trains Config's env, HalfCheetah-v5, on its preset.
+An env without a preset trains on Config's defaults (tuned on HalfCheetah-v5), and the start line says so. The
+search spaces of ppo_ddp/configs/tune/ are read by `python -m ppo_ddp.tune --space NAME`.
 
-A preset is found by its own `env_id` and `policy` keys (policy "mlp" when absent), so a new preset needs no
-registration: drop the file in configs/. With `--policy gru` the env's GRU preset is used, else its MLP one.
-Nothing here imports torch or Config: parse_config calls it before anything else is read.
+An env's preset is found by its own `env_id` and `policy` keys (policy "mlp" when absent) among the files directly
+in ppo_ddp/configs/, so a new preset needs no registration: drop the file there. With `--policy gru` the env's GRU
+preset is used, else its MLP one. Nothing here imports torch or Config: parse_config calls it before anything
+else is read.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-"""The repository's configs/ (next to the package: a checkout, or `pip install -e .` of one)."""
+PRESET_DIR = Path(__file__).resolve().parent / "configs"
+"""The presets, inside the package (package data of the wheel)."""
+SPACE_DIR = PRESET_DIR / "tune"
+"""The search spaces of `python -m ppo_ddp.tune --space NAME`."""
+TRAINING_DIRS = (PRESET_DIR, PRESET_DIR / "scale")
+"""Where the names `--config` takes live: the 1M presets, and the large-batch ones as scale/NAME."""
 
 
 def presets(directory: Path = PRESET_DIR) -> dict[tuple[str, str], Path]:
@@ -52,9 +58,42 @@ def find_preset(env_id: str, policy: str = "mlp", directory: Path = PRESET_DIR) 
     return found.get((env_id, policy)) or found.get((env_id, "mlp"))
 
 
+def preset_names() -> list[str]:
+    """Every name `--config` takes: hopper, ..., scale/ant, scale/humanoid."""
+    return sorted(name_of(p) for d in TRAINING_DIRS for p in d.glob("*.yaml"))
+
+
+def name_of(path: Path) -> str:
+    """A packaged file's name: its path under ppo_ddp/configs/ (or under tune/ for a search space) without .yaml."""
+    path = path.resolve()
+    base = SPACE_DIR if path.parent == SPACE_DIR else PRESET_DIR
+    return path.relative_to(base).with_suffix("").as_posix()
+
+
+def packaged_file(value: str, directory: Path, names: Sequence[str], what: str) -> Path:
+    """A YAML file: `value` itself when it is a file, else the packaged one it names (`hopper`, `hopper.yaml`).
+    ValueError naming what exists when it is neither."""
+    if Path(value).is_file():
+        return Path(value)
+    name = value[: -len(".yaml")] if value.endswith(".yaml") else value
+    if name in names:
+        return directory / f"{name}.yaml"
+    raise ValueError(f"{value!r}: no such file, nor a {what} of ppo_ddp (they are: {', '.join(names)})")
+
+
+def config_file(value: str) -> Path:
+    """The file of `--config VALUE`: a YAML file, or a preset's name (hopper, scale/humanoid)."""
+    return packaged_file(value, PRESET_DIR, preset_names(), "preset")
+
+
+def space_file(value: str) -> Path:
+    """The file of `--space VALUE` (python -m ppo_ddp.tune): a YAML file, or a packaged search space's name."""
+    return packaged_file(value, SPACE_DIR, sorted(p.stem for p in SPACE_DIR.glob("*.yaml")), "search space")
+
+
 def split_config_flag(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:
-    """`--config FILE` / `--config=FILE` out of argv (it must be read before tyro sees the rest). ValueError when
-    the flag has no value."""
+    """`--config NAME|FILE` / `--config=...` out of argv (it must be read before tyro sees the rest). ValueError
+    when the flag has no value."""
     rest: list[str] = []
     path = None
     it = iter(argv)
@@ -62,7 +101,7 @@ def split_config_flag(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:
         if arg == "--config":
             path = next(it, None)
             if path is None:
-                raise ValueError("config: --config needs the path of a YAML file")
+                raise ValueError("config: --config needs a preset's name or the path of a YAML file")
         elif arg.startswith("--config="):
             path = arg.split("=", 1)[1]
         else:
@@ -71,10 +110,10 @@ def split_config_flag(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:
 
 
 def implied_preset(argv: Sequence[str], default_env_id: str) -> Optional[str]:
-    """The preset (its path as shown to the user) of the env and policy that argv's flags name, without --config."""
+    """The name of the preset of the env and policy that argv's flags name, without --config."""
     env_id = flag_value(argv, "env-id") or default_env_id
     path = find_preset(env_id, flag_value(argv, "policy") or "mlp")
-    return None if path is None else shown(path)
+    return None if path is None else name_of(path)
 
 
 def flag_value(argv: Sequence[str], name: str) -> Optional[str]:
@@ -93,13 +132,15 @@ def describe(env_id: str, policy: str, config: Optional[str]) -> str:
     """Where a run's hyperparameters came from, for its start line: the env's preset, another config file, or
     Config's defaults."""
     if config is None:
-        return f"no preset for {env_id} in configs/, so Config's defaults (tuned on HalfCheetah-v5)"
-    preset = find_preset(env_id, policy)
-    is_preset = preset is not None and preset.resolve() == Path(config).resolve()
-    return f"{'preset' if is_preset else 'config'} {config}"
+        return f"no preset for {env_id} in ppo_ddp, so Config's defaults (tuned on HalfCheetah-v5)"
+    path = config_file(config).resolve()
+    packaged = path.parent in TRAINING_DIRS
+    if packaged and path == find_preset(env_id, policy):
+        return f"preset {name_of(path)}"
+    return f"config {name_of(path) if packaged else config}"
 
 
 def shown(path: Path) -> str:
-    """path relative to the working directory when it is below it (configs/hopper.yaml), else absolute."""
+    """path relative to the working directory when it is below it (ppo_ddp/configs/hopper.yaml), else absolute."""
     relative = os.path.relpath(path.resolve())
     return str(path.resolve()) if relative.startswith("..") else relative

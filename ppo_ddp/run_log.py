@@ -17,10 +17,12 @@ from typing import Any, Optional
 
 import yaml
 
+import ppo_ddp
 from ppo_ddp.config import Config, ConfigError, config_to_dict
 from ppo_ddp.video import gif_bytes
 
-PACKAGES = ("torch", "gymnasium", "mujoco", "numpy", "tensorboard", "tyro")
+PACKAGES = ("torch", "gymnasium", "mujoco", "numpy", "tensorboard", "tyro", "PyYAML")
+"""The packages a run's config.yaml records the versions of (with Python's and ppo_ddp's): what it ran on."""
 HPARAM_METRICS = ("charts/episodic_return_avg100", "eval/episodic_return", "charts/SPS")
 """The scalars TensorBoard's HParams tab shows beside each run's hyperparameters (their last values)."""
 NOT_HPARAMS = ("run_name", "runs_dir", "metrics_path", "resume", "track", "wandb_project", "wandb_entity")
@@ -56,7 +58,7 @@ def code_version(paths: Sequence[str] = (), short: bool = False) -> str:
 
 
 def package_versions() -> dict[str, str]:
-    versions = {"python": sys.version.split()[0]}
+    versions = {"python": sys.version.split()[0], "ppo_ddp": ppo_ddp.__version__}
     for name in PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)
@@ -193,8 +195,6 @@ class RunLogger:
         elif not resumed:  # a fresh start in an old run's folder: its evaluations are not this run's
             self.eval_path.unlink(missing_ok=True)
         self.total_steps = total_steps
-        self.start_step = start_step
-        self.start_time = time.time()
         self.tty = sys.stdout.isatty()
 
     def log_hparams(self, cfg: Config) -> None:
@@ -262,15 +262,13 @@ class RunLogger:
             self.tracker.log({"videos/eval": wandb.Video(path, format="mp4")})
 
     def _progress(self, iteration: int, global_step: int, metrics: dict[str, float]) -> None:
-        elapsed = time.time() - self.start_time
-        done = global_step - self.start_step
-        rate = done / elapsed if elapsed > 0 else float("nan")
-        eta = (self.total_steps - global_step) / rate if rate and rate > 0 else float("nan")
+        rate = metrics.get("charts/SPS", float("nan"))  # the trained rounds' rate (Trainer._gather_metrics)
+        eta = (self.total_steps - global_step) / rate if rate > 0 else float("nan")
         ret = metrics.get("charts/episodic_return_avg100", float("nan"))
         pct = 100.0 * global_step / self.total_steps
         line = (
             f"iter {iteration} | steps {global_step:,}/{self.total_steps:,} ({pct:.0f}%) | "
-            f"SPS {metrics.get('charts/SPS', float('nan')):,.0f} | return {ret:.1f} | "
+            f"SPS {rate:,.0f} | return {ret:.1f} | "
             f"ETA {format_duration(eta)}"
         )
         if self.tty:

@@ -93,7 +93,7 @@ class Trainer:
                 notes = self._resume()
                 self._plan()
                 compiling = self._start_compile()
-                self.start_time, self.start_step = time.time(), self.run.global_step
+                self.start_time = time.time()  # charts/elapsed_seconds and the done line count from here
                 if self.ctx.is_main:
                     self.logger = self.agreement.own_work(self._open_outputs, stack)
                 self.pool = self.agreement.own_work(lambda: stack.enter_context(self._actor_pool()))
@@ -143,6 +143,7 @@ class Trainer:
         """Train round after round; returns the signal that stopped the run, or 0 when every round ran."""
         run, agree = self.run, self.agreement
         first = run.iteration + (0 if self.seeding else 1)
+        self.rate_start = time.time(), run.global_step  # SPS and the ETA: the trained rounds', not the start-up's
         for iteration in range(first, self.num_iterations + 1):
             rollout = agree.own_work(self._collect, pool)  # 1-3: this rank's actors sample
             stopped = agree.settle(with_stop=True)  # a stop drops the fresh rollout: it changed nothing yet
@@ -153,6 +154,7 @@ class Trainer:
             if self.seeding and iteration == first:
                 run.global_step += self.steps_per_round  # round 0 seeds the statistics and trains nothing
                 self._record(iteration, {}, None, None, rollout.reports)
+                self.rate_start = time.time(), run.global_step  # the rate starts with the first trained round
                 continue
             metrics = agree.own_work(self._update, rollout, adv_stats, iteration)  # 5: PPO on this rank's data
             agree.settle()  # a failed or non-finite update stops every rank before weights are averaged
@@ -252,7 +254,7 @@ class Trainer:
                 "charts/episodic_return": float(np.mean([e[0] for e in episodes])) if episodes else math.nan,
                 "charts/episodic_length": float(np.mean([e[1] for e in episodes])) if episodes else math.nan,
                 "charts/episodic_return_avg100": run.mean_recent_return(),
-                "charts/SPS": (run.global_step - self.start_step) / elapsed,
+                "charts/SPS": (run.global_step - self.rate_start[1]) / (time.time() - self.rate_start[0]),
                 "charts/elapsed_seconds": elapsed,
             }
         )

@@ -8,8 +8,8 @@ ppo_ddp/HalfCheetahNoVel-v5 (one learner, 2 actors of 8 envs, 128 steps: 2048 sa
 evaluation) for --rounds rounds, and the ways alternate --repeats times so that a drift of the machine's speed
 touches them alike:
 
-- mlp: configs/halfcheetah_novel.yaml, the default shape (Config's defaults: 10 epochs of 32 mini-batches of 64);
-- gru: configs/halfcheetah_novel_gru.yaml, the same with the GRU policy (32 mini-batches of 4 chunks of 16 steps).
+- mlp: the preset halfcheetah_novel, the default shape (Config's defaults: 10 epochs of 32 mini-batches of 64);
+- gru: the preset halfcheetah_novel_gru, the same with the GRU policy (32 mini-batches of 4 chunks of 16 steps).
 
 A round is the wall time between two rounds' rows (charts/elapsed_seconds: rollout, update, the round's
 bookkeeping), its median over the rounds after the first two of every run of a way; SPS is 2048 over that. The
@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_update import train  # noqa: E402
 
 WAYS = {
-    "mlp": ["--config", "configs/halfcheetah_novel.yaml"],
-    "gru": ["--config", "configs/halfcheetah_novel_gru.yaml"],
+    "mlp": ["--config", "ppo_ddp/configs/halfcheetah_novel.yaml"],
+    "gru": ["--config", "ppo_ddp/configs/halfcheetah_novel_gru.yaml"],
 }
 
 

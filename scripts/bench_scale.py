@@ -1,7 +1,7 @@
 """Throughput of a large-batch preset against the raw env limit of this machine, measured side by side in one run.
 
-    python scripts/bench_scale.py                                   # configs/scale/humanoid.yaml
-    python scripts/bench_scale.py --config configs/scale/ant.yaml --rounds 20
+    python scripts/bench_scale.py                                   # ppo_ddp/configs/scale/humanoid.yaml
+    python scripts/bench_scale.py --config ppo_ddp/configs/scale/ant.yaml --rounds 20
     python scripts/bench_scale.py --flags "--hidden-sizes 64 64 --update-epochs 2"    # a variant of the preset
 
 1. The limit: one process per core (os.cpu_count(), or --cores), all at once, each stepping one plain
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_rollout import raw_env_rate  # noqa: E402
 
-from ppo_ddp.config import parse_config  # noqa: E402
+from ppo_ddp.configure import parse_config  # noqa: E402
 from ppo_ddp.topology import resolve_actors_per_learner  # noqa: E402
 
 
@@ -67,7 +67,7 @@ def training_rate(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/scale/humanoid.yaml", help="the preset to train with")
+    parser.add_argument("--config", default="ppo_ddp/configs/scale/humanoid.yaml", help="the preset to train with")
     parser.add_argument("--flags", default="", help="train.py flags on top of the preset, e.g. '--update-epochs 2'")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="processes of the limit")
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds of each limit measurement")

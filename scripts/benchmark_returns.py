@@ -3,9 +3,9 @@
     python scripts/benchmark_returns.py --envs hopper walker2d --seeds 1 2 3
     python scripts/benchmark_returns.py --envs Swimmer-v5 Reacher-v5 --seeds 1 2 3    # an env id: its preset
     python scripts/benchmark_returns.py --envs halfcheetah hopper --world-sizes 2 4 --sync-modes params gradients
-    python scripts/benchmark_returns.py --scale --envs humanoid ant --seeds 1 2      # 10M steps, configs/scale/
+    python scripts/benchmark_returns.py --scale --envs humanoid ant --seeds 1 2      # 10M steps, ppo_ddp/configs/scale/
 
-Each run is `python train.py --config configs/<env>.yaml` (configs/scale/<env>.yaml with --scale; or
+Each run is `python train.py --config ppo_ddp/configs/<env>.yaml` (ppo_ddp/configs/scale/<env>.yaml with --scale; or
 `torchrun --standalone --nproc_per_node=W` for world size W > 1) with the preset's total steps unless
 --total-timesteps says otherwise, and `--resume auto`: a run stopped by SIGTERM (kill the script's process
 group: `kill -TERM -PGID`) continues where it stopped when the same command is run again. Its final checkpoint
@@ -49,8 +49,8 @@ from ppo_ddp.evaluate import evaluate_policy, load_policy  # noqa: E402
 from ppo_ddp.presets import find_preset, presets  # noqa: E402
 from ppo_ddp.run_log import code_version  # noqa: E402
 
-# Every preset in configs/, by its file name (hopper: configs/hopper.yaml), with its env (ppo_ddp/presets.py)
-PRESETS = {path.stem: (env_id, f"configs/{path.name}") for (env_id, _), path in presets().items()}
+# Every preset by its name (hopper: ppo_ddp/configs/hopper.yaml), with its env (ppo_ddp/presets.py)
+PRESETS = {path.stem: (env_id, f"ppo_ddp/configs/{path.name}") for (env_id, _), path in presets().items()}
 
 
 def preset_name(name: str) -> str:
@@ -92,7 +92,7 @@ def mujoco_version() -> str:
 
 
 def preset_path(env_key: str, scale: bool) -> str:
-    return f"configs/scale/{env_key}.yaml" if scale else PRESETS[env_key][1]
+    return f"ppo_ddp/configs/scale/{env_key}.yaml" if scale else PRESETS[env_key][1]
 
 
 def run_name(env: str, seed: int, world_size: int, scale: bool, sync_mode: str, extra_args: str) -> str:
@@ -170,7 +170,7 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--world-sizes", nargs="+", type=int, default=[1])
     p.add_argument("--sync-modes", nargs="+", default=["params"], choices=["params", "gradients"])
-    p.add_argument("--scale", action="store_true", help="the large-batch presets of configs/scale/")
+    p.add_argument("--scale", action="store_true", help="the large-batch presets of ppo_ddp/configs/scale/")
     p.add_argument("--total-timesteps", type=int, default=None, help="default: the preset's")
     p.add_argument("--eval-episodes", type=int, default=None, help="default: the preset's eval_episodes (Config: 10)")
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "benchmark")
@@ -180,13 +180,13 @@ def main() -> None:
     args = p.parse_args()
     missing = [e for e in args.envs if args.scale and not (ROOT / preset_path(e, True)).exists()]
     if missing:
-        p.error(f"--scale: no configs/scale/ preset for {', '.join(missing)}")
+        p.error(f"--scale: no ppo_ddp/configs/scale/ preset for {', '.join(missing)}")
 
     csv_path = args.out_dir / "returns.csv"
     # the code that produced a row (same seed and config reproduce it exactly on the same code); "-dirty" when
     # uncommitted changes to the code or presets ran, which that commit alone would not reproduce (this script's
     # own rows and figures, changed as it goes, do not count)
-    commit = code_version(("ppo_ddp", "configs", "train.py"), short=True)
+    commit = code_version(("ppo_ddp", "train.py"), short=True)
     for env_key in args.envs:
         env_id, preset = PRESETS[env_key][0], preset_path(env_key, args.scale)
         for world in args.world_sizes:

@@ -22,7 +22,7 @@ cat "$OUT/runs/py1/eval.csv"
 ls -la "$OUT/runs/py1/videos"
 
 step "the Humanoid large-batch preset on cuda:0 in gradients mode: torchrun (NCCL through env://), the flat-gradient all_reduce, 3 rounds"
-python3 -m torch.distributed.run --standalone --nproc_per_node=1 train.py --config configs/scale/humanoid.yaml \
+python3 -m torch.distributed.run --standalone --nproc_per_node=1 train.py --config ppo_ddp/configs/scale/humanoid.yaml \
     --sync-mode gradients --total-timesteps 16384 --runs-dir "$OUT/runs" --run-name hum || echo "FAILED rc=$?"
 cut -d, -f1,2,6,11,12,13 "$OUT/runs/hum/metrics.csv"
 cat "$OUT/runs/hum/eval.csv"

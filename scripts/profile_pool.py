@@ -1,7 +1,7 @@
 """Where a large-batch preset's actor pool loses env throughput: the raw env limit taken apart, side by side in one run.
 
-    python scripts/profile_pool.py                                  # configs/scale/humanoid.yaml
-    python scripts/profile_pool.py --config configs/scale/ant.yaml --seconds 8
+    python scripts/profile_pool.py                                  # ppo_ddp/configs/scale/humanoid.yaml
+    python scripts/profile_pool.py --config ppo_ddp/configs/scale/ant.yaml --seconds 8
 
 scripts/bench_scale.py compares training with its limit: one plain env per core stepped with uniform random
 actions. A training actor differs from that loop in four ways, and each row here adds one of them, every row
@@ -44,7 +44,8 @@ import numpy as np  # noqa: E402
 from bench_rollout import pool_rate  # noqa: E402
 
 from ppo_ddp.actor_pool import SINGLE_THREAD_ENV  # noqa: E402
-from ppo_ddp.config import Config, parse_config  # noqa: E402
+from ppo_ddp.config import Config  # noqa: E402
+from ppo_ddp.configure import parse_config  # noqa: E402
 from ppo_ddp.envs import make_env  # noqa: E402
 
 
@@ -167,7 +168,9 @@ def side_by_side(processes: int, fn, *args) -> tuple[float, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/scale/humanoid.yaml", help="the preset whose pool is profiled")
+    parser.add_argument(
+        "--config", default="ppo_ddp/configs/scale/humanoid.yaml", help="the preset whose pool is profiled"
+    )
     parser.add_argument("--flags", default="", help="train.py flags on top of the preset")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="processes side by side")
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds of each row")

@@ -84,7 +84,7 @@ def own_shape(row: dict[str, str]) -> bool:
 
 
 def is_scale(row: dict[str, str]) -> bool:
-    return row["config"].startswith("configs/scale/")
+    return row["config"].startswith("ppo_ddp/configs/scale/")
 
 
 def is_dmc(row: dict[str, str]) -> bool:
@@ -153,7 +153,7 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         "the run (the dmc extra installs 3.17.0 in place of 4.0.0); it is empty in the rows written before the "
         "column existed: the package asks for mujoco>=3.2 and nothing recorded which one they had.",
         "",
-        "## 1M env steps, the presets in configs/",
+        "## 1M env steps, the presets in ppo_ddp/configs/",
         "",
         "Every gymnasium MuJoCo v5 env, each on its preset (`python train.py --env-id ENV`), seeds 1-3; the commit "
         "column is the code that ran them. Published: the best PPO figure at 1M env steps we found, and its source.",
@@ -207,7 +207,7 @@ def _scale_table(rows: list[dict[str, str]]) -> list[str]:
     if not rows:
         return []
     lines = [
-        "## 10M env steps, the large-batch presets in configs/scale/",
+        "## 10M env steps, the large-batch presets in ppo_ddp/configs/scale/",
         "",
         "Wall time and SPS on the 2-core CPU machine (training time summed over the sessions a run spanned; runs "
         "that shared the machine are slower than a run alone).",

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from ppo_ddp.config import Config, load_yaml_defaults, validate
+from ppo_ddp.config import Config, validate
+from ppo_ddp.configure import load_yaml_defaults
 from ppo_ddp.envs import is_dm_control, missing_dm_control
 
 ROOT = Path(__file__).resolve().parent.parent
-PRESETS = sorted((ROOT / "configs").glob("*.yaml"))
+PRESETS = sorted((ROOT / "ppo_ddp" / "configs").glob("*.yaml"))
 
 
 def test_there_is_a_preset_per_benchmark_env():
@@ -199,7 +200,7 @@ def test_profile_pool_end_to_end_on_a_tiny_budget():
     # Every row of the pool's profile on a small Hopper shape, a fraction of a second each: the plumbing, and each
     # ratio is its row's rate over the first row's, not the speed.
     flags = "--envs-per-actor 2 --rollout-length 16"
-    cmd = [sys.executable, "scripts/profile_pool.py", "--config", "configs/hopper.yaml", "--flags", flags]
+    cmd = [sys.executable, "scripts/profile_pool.py", "--config", "ppo_ddp/configs/hopper.yaml", "--flags", flags]
     cmd += ["--cores", "1", "--seconds", "0.3"]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -227,15 +228,18 @@ def test_the_partly_observed_rows_get_their_own_table(tmp_path, monkeypatch):
         return {"env": env, "seed": str(seed), "world_size": "1", "total_steps": "1000000", "eval_mean": str(mean),
                 "config": config, "extra_args": extra, "sync_mode": "params", "commit": "abc1234"}  # fmt: skip
 
-    rows = [row("Hopper-v5", s, m, "configs/hopper.yaml") for s, m in ((1, 3000), (2, 3200))]
-    rows += [row("ppo_ddp/HopperNoVel-v5", s, m, "configs/hopper_novel.yaml") for s, m in ((1, 900), (2, 1100))]
-    rows += [row("ppo_ddp/HopperNoVel-v5", 1, 2500, "configs/hopper_novel.yaml", "--policy gru")]
+    rows = [row("Hopper-v5", s, m, "ppo_ddp/configs/hopper.yaml") for s, m in ((1, 3000), (2, 3200))]
+    rows += [row("ppo_ddp/HopperNoVel-v5", s, m, "ppo_ddp/configs/hopper_novel.yaml") for s, m in ((1, 900), (2, 1100))]
+    rows += [row("ppo_ddp/HopperNoVel-v5", 1, 2500, "ppo_ddp/configs/hopper_novel.yaml", "--policy gru")]
     write_table(tmp_path / "returns.md", rows)
     text = (tmp_path / "returns.md").read_text()
     partial = text.split("## Partly observed envs")[1]
-    assert "| ppo_ddp/HopperNoVel-v5 | mlp | configs/hopper_novel.yaml | 1000 ± 100 (2) | 3100 ± 100 |" in partial
     assert (
-        "| ppo_ddp/HopperNoVel-v5 | gru | configs/hopper_novel.yaml `--policy gru` | 2500 (1) | 3100 ± 100 |" in partial
+        "| ppo_ddp/HopperNoVel-v5 | mlp | ppo_ddp/configs/hopper_novel.yaml | 1000 ± 100 (2) | 3100 ± 100 |" in partial
+    )
+    assert (
+        "| ppo_ddp/HopperNoVel-v5 | gru | ppo_ddp/configs/hopper_novel.yaml `--policy gru` | 2500 (1) | 3100 ± 100 |"
+        in partial
     )
     main_table = text.split("## Partly observed envs")[0]
     assert "NoVel" not in main_table and "| Hopper-v5 |" in main_table
@@ -247,7 +251,8 @@ def test_the_1m_table_has_every_mujoco_env_on_its_preset_seeds_1_to_3(tmp_path, 
 
     def row(seed, mean, extra="", commit="abc1234"):
         return {"env": "Swimmer-v5", "seed": str(seed), "world_size": "1", "total_steps": "1001472",
-                "eval_mean": str(mean), "config": "configs/swimmer.yaml", "extra_args": extra, "sync_mode": "params",
+                "eval_mean": str(mean), "config": "ppo_ddp/configs/swimmer.yaml", "extra_args": extra,
+                "sync_mode": "params",
                 "commit": commit}  # fmt: skip
 
     # seeds 1-3 of the preset as `--env-id` runs it; not seed 4, nor a run with flags (an older --actor-timeout)
@@ -266,7 +271,7 @@ def test_the_1m_figure_plots_the_rows_behind_the_table(tmp_path, monkeypatch):
     def row(seed, extra=""):
         curve = tmp_path / f"swimmer_s{seed}_{len(extra)}.csv"
         curve.write_text("global_step,charts/episodic_return\n")
-        return {"env": "Swimmer-v5", "seed": str(seed), "world_size": "1", "config": "configs/swimmer.yaml",
+        return {"env": "Swimmer-v5", "seed": str(seed), "world_size": "1", "config": "ppo_ddp/configs/swimmer.yaml",
                 "extra_args": extra, "sync_mode": "params", "curve": str(curve)}  # fmt: skip
 
     plotted = {}

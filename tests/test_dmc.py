@@ -25,7 +25,8 @@ pytest.importorskip("dm_control", reason="needs the dmc extra of pyproject.toml"
 if importlib.util.find_spec("shimmy") is None:
     pytest.skip("needs shimmy: the dmc extra of pyproject.toml", allow_module_level=True)
 
-from ppo_ddp.config import Config, load_yaml_defaults, validate  # noqa: E402
+from ppo_ddp.config import Config, validate  # noqa: E402
+from ppo_ddp.configure import load_yaml_defaults  # noqa: E402
 from ppo_ddp.envs import make_env, make_video_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def test_an_episode_ends_at_step_1000_by_truncation_not_termination():
 
 @pytest.mark.parametrize("env_id", ["dm_control/cheetah-run-v0", "dm_control/walker-walk-v0"])
 def test_presets_are_valid_with_their_env(env_id):
-    preset = ROOT / "configs" / f"dmc_{env_id.split('/')[1].removesuffix('-v0').replace('-', '_')}.yaml"
+    preset = ROOT / "ppo_ddp" / "configs" / f"dmc_{env_id.split('/')[1].removesuffix('-v0').replace('-', '_')}.yaml"
     cfg = Config(**load_yaml_defaults(preset))
     validate(cfg)
     assert cfg.env_id == env_id

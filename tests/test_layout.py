@@ -10,6 +10,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "ppo_ddp"
 
 LAYERS = [
+    "train",
+    "tune",
+    "tune_report",
+    "tune_trial",
+    "tune_space",
     "launch",
     "export",
     "evaluate",
@@ -35,7 +40,9 @@ LAYERS = [
     "model",
     "normalization",
     "rollout",
+    "configure",
     "config",
+    "flags",
     "presets",
     "topology",
     "envs",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ppo_ddp  # noqa: F401  (registers the ids)
-from ppo_ddp.config import parse_config
+from ppo_ddp.configure import parse_config
 from ppo_ddp.partial_envs import PARTLY_OBSERVED
 from ppo_ddp.run_log import default_run_name
 

@@ -1,5 +1,5 @@
-"""The preset of an env, chosen by `--env-id` without `--config` (ppo_ddp/presets.py), and every preset in configs/
-training two rounds of its own shape."""
+"""The preset of an env, chosen by `--env-id` without `--config` (ppo_ddp/presets.py), presets by name, and every
+preset in ppo_ddp/configs/ training two rounds of its own shape."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import torch._dynamo
 
-from ppo_ddp.config import Config, load_yaml_defaults, parse_config
+from ppo_ddp.config import Config, ConfigError
+from ppo_ddp.configure import load_config, load_yaml_defaults, parse_config
 from ppo_ddp.envs import is_dm_control, missing_dm_control
-from ppo_ddp.presets import PRESET_DIR, describe, find_preset, flag_value, presets
+from ppo_ddp.presets import PRESET_DIR, config_file, describe, find_preset, flag_value, preset_names, presets
 
 ROOT = Path(__file__).resolve().parent.parent
-PRESETS = sorted((ROOT / "configs").glob("*.yaml"))
+PRESETS = sorted((ROOT / "ppo_ddp" / "configs").glob("*.yaml"))
+HOPPER = ROOT / "ppo_ddp" / "configs" / "hopper.yaml"
 MUJOCO_V5 = (
     "Ant HalfCheetah Hopper Humanoid HumanoidStandup InvertedPendulum InvertedDoublePendulum Pusher Reacher Swimmer "
     "Walker2d"
@@ -33,8 +35,8 @@ def preset_values(path: Path) -> dict:
 
 def test_env_id_without_config_trains_on_the_envs_preset():
     cfg = parse_config(["--env-id", "Hopper-v5"])
-    assert Path(cfg.config).resolve() == ROOT / "configs" / "hopper.yaml"
-    assert values(cfg) == preset_values(ROOT / "configs" / "hopper.yaml")
+    assert cfg.config == "hopper" and config_file(cfg.config) == HOPPER
+    assert values(cfg) == preset_values(HOPPER)
     assert cfg.rollout_length == 1024 and cfg.gamma == 0.995  # hopper.yaml's, not Config's 128 and 0.99
 
 
@@ -42,7 +44,7 @@ def test_env_id_without_config_trains_on_the_envs_preset():
 def test_a_flag_still_overrides_a_preset_value(spelling):
     cfg = parse_config(["--gamma", "0.97", *spelling])
     assert cfg.gamma == 0.97
-    assert values(cfg) == {**preset_values(ROOT / "configs" / "hopper.yaml"), "gamma": 0.97}
+    assert values(cfg) == {**preset_values(HOPPER), "gamma": 0.97}
 
 
 def test_a_num_actors_flag_overrides_the_presets_actors_per_gpu():
@@ -62,27 +64,68 @@ def test_config_replaces_the_preset(tmp_path):
 
 def test_no_arguments_train_halfcheetah_on_its_preset():
     cfg = parse_config([])
-    assert cfg.env_id == "HalfCheetah-v5" and Path(cfg.config).resolve() == ROOT / "configs" / "halfcheetah.yaml"
+    assert cfg.env_id == "HalfCheetah-v5" and config_file(cfg.config) == PRESET_DIR / "halfcheetah.yaml"
 
 
 def test_an_env_without_a_preset_gets_the_defaults():
     cfg = parse_config(["--env-id", "Pendulum-v1"])
     assert cfg.config is None and values(cfg) == values(Config(env_id="Pendulum-v1"))
     assert describe(cfg.env_id, cfg.policy, cfg.config) == (
-        "no preset for Pendulum-v1 in configs/, so Config's defaults (tuned on HalfCheetah-v5)"
+        "no preset for Pendulum-v1 in ppo_ddp, so Config's defaults (tuned on HalfCheetah-v5)"
     )
 
 
 def test_the_gru_flag_picks_the_envs_gru_preset_else_its_mlp_one():
     gru = parse_config(["--env-id", "ppo_ddp/HopperNoVel-v5", "--policy", "gru"])
-    assert Path(gru.config).name == "hopper_novel_gru.yaml" and gru.policy == "gru"
+    assert gru.config == "hopper_novel_gru" and gru.policy == "gru"
     fallback = parse_config(["--env-id", "Hopper-v5", "--policy", "gru"])
-    assert Path(fallback.config).name == "hopper.yaml" and fallback.policy == "gru"
+    assert fallback.config == "hopper" and fallback.policy == "gru"
 
 
 def test_the_start_line_says_which_preset_or_another_config():
-    assert describe("Hopper-v5", "mlp", "configs/hopper.yaml") == "preset configs/hopper.yaml"
-    assert describe("Hopper-v5", "mlp", "configs/ant.yaml") == "config configs/ant.yaml"  # ant's values on Hopper
+    assert describe("Hopper-v5", "mlp", "hopper") == "preset hopper"
+    assert describe("Hopper-v5", "mlp", "ppo_ddp/configs/hopper.yaml") == "preset hopper"  # the same file
+    assert describe("Hopper-v5", "mlp", "ant") == "config ant"  # ant's values on Hopper
+    assert describe("Humanoid-v5", "mlp", "scale/humanoid") == "config scale/humanoid"
+
+
+def test_config_takes_a_presets_name_or_a_file(tmp_path):
+    by_name = parse_config(["--config", "scale/humanoid", "--seed", "3"])
+    by_file = parse_config(["--config", str(PRESET_DIR / "scale" / "humanoid.yaml"), "--seed", "3"])
+    assert by_name.config == "scale/humanoid" and values(by_name) == values(by_file)
+    assert values(parse_config(["--config=hopper.yaml"])) == preset_values(HOPPER)
+
+
+def test_an_unknown_config_is_one_line_naming_the_presets(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(["--config", "hoper"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert err.endswith(f"error: config='hoper': no such file, nor a preset of ppo_ddp (they are: "
+                        f"{', '.join(preset_names())})")  # fmt: skip
+
+
+def test_the_api_loads_configs_as_the_command_line_does():
+    assert load_config(env_id="Hopper-v5", seed=2) == parse_config(["--env-id", "Hopper-v5", "--seed", "2"])
+    assert load_config("scale/ant", hidden_sizes=[128, 128]) == parse_config(
+        ["--config", "scale/ant", "--hidden-sizes", "128", "128"]
+    )
+    assert load_config(env_id="ppo_ddp/HopperNoVel-v5", policy="gru").config == "hopper_novel_gru"
+    assert load_config() == parse_config([])
+    with pytest.raises(ConfigError, match="^seedd: not a Config field"):
+        load_config(seedd=1)
+    with pytest.raises(ConfigError, match="^policy='lstm': must be one of mlp, gru"):
+        load_config(policy="lstm")
+
+
+def test_every_packaged_preset_loads_and_resolves():
+    names = preset_names()
+    assert {"hopper", "scale/humanoid", "scale/ant"} <= set(names) and len(names) == len(PRESETS) + 2
+    for name in names:  # a valid config, whose env (and policy) find it again where it is that env's preset
+        cfg = parse_config(["--config", name], check_env=False)  # the dmc presets' envs need the dmc extra
+        assert config_file(name).is_file() and cfg.config == name
+        if "/" not in name:
+            assert find_preset(cfg.env_id, cfg.policy) == config_file(name)
 
 
 def test_every_gymnasium_mujoco_v5_env_has_a_preset():
@@ -126,7 +169,7 @@ def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process, ca
         pytest.skip("needs the dmc extra (.ci/run runs it in its own step)")
     policy = load_yaml_defaults(preset).get("policy", "mlp")
     cfg = parse_config(["--env-id", env_id, "--policy", policy, "--runs-dir", str(tmp_path), "--run-name", "p"])
-    assert Path(cfg.config).resolve() == preset and PRESET_DIR == preset.parent  # the env id alone finds it
+    assert config_file(cfg.config) == preset and PRESET_DIR == preset.parent  # the env id alone finds it
     per_round = (cfg.actors_per_gpu or 2) * cfg.envs_per_actor * cfg.rollout_length
     # round 0 seeds the statistics, then two rounds train, of the preset's shape and mini-batches; one epoch each
     # and no evaluation (its full episodes), to keep 20 presets to seconds each: both have tests of their own. A
@@ -145,7 +188,7 @@ def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, in_process, 
     main(parse_config(["--env-id", "Pendulum-v1", *tiny, "--total-timesteps", "192", "--eval-interval", "0",
                        "--runs-dir", str(tmp_path), "--run-name", "p"]))  # fmt: skip
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("Pendulum-v1, no preset for Pendulum-v1 in configs/, so Config's defaults (tuned on "
+    assert first.startswith("Pendulum-v1, no preset for Pendulum-v1 in ppo_ddp, so Config's defaults (tuned on "
                             "HalfCheetah-v5): 2 rounds of 64 steps")  # fmt: skip
 
 

@@ -595,7 +595,7 @@ def restore_signal_handlers():
 
 @pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
 def test_bad_checkpoint_is_one_line_and_exit_2(case, tmp_path, capsys, restore_signal_handlers):
-    from ppo_ddp.config import parse_config
+    from ppo_ddp.configure import parse_config
     from ppo_ddp.launch import main
 
     make, flags, message = CHECKPOINT_CASES[case]
@@ -624,7 +624,7 @@ def test_bad_checkpoint_is_one_line_and_exit_2(case, tmp_path, capsys, restore_s
     ],
 )
 def test_bad_resume_and_run_flags(argv, message, capsys):
-    from ppo_ddp.config import parse_config
+    from ppo_ddp.configure import parse_config
 
     with pytest.raises(SystemExit) as exit_info:
         parse_config(argv)

@@ -19,7 +19,8 @@ import torch
 import yaml
 from test_train import ROUNDS, TIMEOUT, read_csv, run, torchrun
 
-from ppo_ddp.config import Config, parse_config
+from ppo_ddp.config import Config
+from ppo_ddp.configure import parse_config
 from ppo_ddp.learner import ADAPTIVE_LR_BOUNDS, adapted_learning_rate
 from ppo_ddp.model import ActorCritic, PolicyKernel, read_flat_parameters
 from ppo_ddp.normalization import EPSILON, Moments, value_scale
@@ -255,7 +256,7 @@ def test_two_ranks_with_m_samples_step_as_one_learner_with_2m(tmp_path):
 
 
 # ---- the presets ------------------------------------------------------------------------------------------------
-PRESETS = sorted((ROOT / "configs" / "scale").glob("*.yaml"))
+PRESETS = sorted((ROOT / "ppo_ddp" / "configs" / "scale").glob("*.yaml"))
 
 
 def test_there_are_large_batch_presets():

@@ -11,7 +11,7 @@ import pytest
 from test_train import SMALL, read_csv, run
 
 from ppo_ddp import config as config_module
-from ppo_ddp.config import parse_config
+from ppo_ddp.configure import parse_config
 
 wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2", reason="wandb: pip install -e '.[track]'")
 

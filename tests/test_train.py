@@ -9,8 +9,11 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -26,7 +29,7 @@ ROUNDS = 4
 # 2 ranks x 1 actor x 2 envs x 32 steps = 128 env steps a round. Hopper's random-policy episodes end
 # within a round, so every round has finished episodes and terminations.
 # log_std_init 0.0 (std 1.0) and gamma 0.99 are pinned: the resume test's tolerance (docs/reliability.md) was
-# measured with them (--env-id alone would bring configs/hopper.yaml's gamma 0.995).
+# measured with them (--env-id alone would bring ppo_ddp/configs/hopper.yaml's gamma 0.995).
 # --no-compile: loading the compiled step from inductor's cache costs each process ~4-5 s of CPU, a third of a
 # two-rank test's; the runs about the compiled step say --compile (it is also checked against the eager one in-process,
 # tests/test_compiled.py).
@@ -264,12 +267,41 @@ def test_single_process_run_then_evaluate(tmp_path):
     assert math.isfinite(value)
 
 
+def test_the_first_trained_rounds_eta_is_the_time_left(tmp_path):
+    # SPS and the ETA count the trained rounds, from the first one on: not the start-up (the compile, the actors)
+    # nor round 0, which only seeds the statistics. So round 1's line already estimates the time left honestly;
+    # counting from the start-up, it read ~8x the time left on this run. Rounds of 2 x 4 x 256 steps take ~0.15 s
+    # on the 2-core machine: 23 of them after round 0, ~3.5 s (a 1-second ETA needs seconds to compare).
+    total = 24 * 2048
+    args = "--no-compile --eval-interval 0 --actors-per-gpu 2 --envs-per-actor 4 --rollout-length 256".split()
+    args += ["--num-minibatches", "4", "--update-epochs", "8", "--total-timesteps", str(total)]
+    args += ["--runs-dir", str(tmp_path / "runs"), "--run-name", "eta"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "train.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+        hang = threading.Timer(TIMEOUT, proc.kill)  # a hang fails the test instead of CI
+        hang.start()
+        try:
+            lines = [(time.monotonic(), line) for line in proc.stdout if line.startswith("iter ")]  # as they come
+        finally:
+            hang.cancel()
+    assert proc.wait() == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
+    (first_at, first), (last_at, last) = lines[0], lines[-1]
+    assert first.startswith("iter 1 |") and last.startswith("iter 23 |"), (first, last)
+    steps, sps, minutes, seconds = re.search(r"steps ([\d,]+)/.*\| SPS ([\d,]+) \|.*ETA (\d+)m(\d+)s", first).groups()
+    eta, left = 60 * int(minutes) + int(seconds), last_at - first_at
+    assert left / 2 - 1 <= eta <= 2 * left, (first, left)  # the ETA is whole seconds, rounded down
+    assert abs(eta - (total - int(steps.replace(",", ""))) / int(sps.replace(",", ""))) <= 1  # the SPS's rate
+
+
 def test_our_launch_hands_each_worker_the_actors_the_topology_chose(tmp_path):
     # `python train.py --num-actors 4 --num-gpus 4 --actors-per-gpu 1` on a box with 2 GPUs: 2 learners with
     # 1 actor each. Only the launcher sees the (faked) GPUs; its workers train on this machine's CPU.
     code = (
         "import sys, torch; torch.cuda.device_count = lambda: 2; sys.argv = sys.argv[1:]; "
-        "from ppo_ddp.config import parse_config; from ppo_ddp.launch import main; main(parse_config())"
+        "from ppo_ddp.configure import parse_config; from ppo_ddp.launch import main; main(parse_config())"
     )
     proc = run(
         [

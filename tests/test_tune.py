@@ -1,6 +1,6 @@
-"""scripts/tune.py (issue 14): a tiny study of real training runs by two workers in parallel, in a SQLite database;
-a worker stopped mid-trial and the study continued; the trainer stopped when a trial is pruned; the search-space
-checks (exit 2, one line)."""
+"""python -m ppo_ddp.tune (issue 14): a tiny study of real training runs by two workers in parallel, in a SQLite
+database; a worker stopped mid-trial and the study continued; the trainer stopped when a trial is pruned; the
+search-space checks (exit 2, one line)."""
 
 from __future__ import annotations
 
@@ -17,19 +17,19 @@ import yaml
 
 optuna = pytest.importorskip("optuna")
 
+from ppo_ddp.config import ConfigError  # noqa: E402
+from ppo_ddp.configure import load_yaml_defaults  # noqa: E402
+from ppo_ddp.presets import space_file  # noqa: E402
+from ppo_ddp.tune_space import load_space, parse_space  # noqa: E402
+from ppo_ddp.tune_trial import Monitor, TrialFailed, run_training  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from tune_space import load_space, parse_space  # noqa: E402
-from tune_trial import Monitor, TrialFailed, run_training  # noqa: E402
-
-from ppo_ddp.config import ConfigError, load_yaml_defaults  # noqa: E402
 
 # Rounds of 64 samples (1 actor x 2 envs x 32 steps), round 0 and 3 trained rounds; an evaluation of one episode
 # after every round. 48 steps with 64 mini-batches is a round of 96 that does not split: train.py refuses it (exit 2),
 # so trial 0 fails as arranged; trial 1 is the base's shape and cannot fail.
 TINY = {
-    "base": "configs/halfcheetah.yaml",
+    "base": "halfcheetah",
     "envs": {"HalfCheetah-v5": 3000},
     # compile off: each trial's shape would be a new compile of ~20 s (the compiled step has its own tests)
     "fixed": {
@@ -55,15 +55,15 @@ TINY = {
 }
 N_TRIALS = 5
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-# `python -c WITHOUT_OPTUNA script.py ARGS` runs the script as if optuna were not installed.
+# `python -c WITHOUT_OPTUNA MODULE ARGS` runs `python -m MODULE ARGS` as if optuna were not installed.
 WITHOUT_OPTUNA = (
     "import runpy, sys; sys.modules['optuna'] = None; sys.argv = sys.argv[1:]; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
 )
 
 
 def tune(*args: object, timeout: float = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "scripts/tune.py", *map(str, args)]
+    cmd = [sys.executable, "-m", "ppo_ddp.tune", *map(str, args)]
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
@@ -132,7 +132,7 @@ def test_the_report_lists_every_trial_and_the_best_preset_trains_without_optuna(
     assert values["env_id"] == "HalfCheetah-v5" and values["total_timesteps"] == 256
     # train.py must not need optuna: the best preset trains with the module made unimportable.
     args = [
-        "train.py",
+        "ppo_ddp.train",
         "--config",
         str(best),
         "--total-timesteps",
@@ -154,7 +154,7 @@ def test_a_stopped_worker_leaves_its_trial_failed_and_the_study_continues(tiny_s
     the same command again runs the study up to its number of trials, the interrupted one not counted."""
     tmp, _ = tiny_study
     before = len(load(tmp).trials)
-    cmd = [sys.executable, "scripts/tune.py", *map(str, study_args(tmp)), "--n-trials", str(before + 1)]
+    cmd = [sys.executable, "-m", "ppo_ddp.tune", *map(str, study_args(tmp)), "--n-trials", str(before + 1)]
     worker = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = tmp / "out" / "tiny" / f"trial_{before:04d}" / "HalfCheetah-v5.log"
     deadline = time.monotonic() + 120
@@ -193,7 +193,7 @@ def test_a_killed_worker_s_trial_is_failed_after_three_silent_heartbeats(tiny_st
     once it has been silent for 3 s."""
     tmp, _ = tiny_study
     before = len(load(tmp).trials)
-    cmd = [sys.executable, "scripts/tune.py", *map(str, study_args(tmp)), "--n-trials", str(before + 9)]
+    cmd = [sys.executable, "-m", "ppo_ddp.tune", *map(str, study_args(tmp)), "--n-trials", str(before + 9)]
     worker = subprocess.Popen([*cmd, "--heartbeat", "1"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL)
     preset = tmp / "out" / "tiny" / f"trial_{before:04d}" / "HalfCheetah-v5.yaml"
     deadline = time.monotonic() + 120
@@ -339,7 +339,7 @@ def test_the_command_line_says_one_line_and_exits_2(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("tune.py: error: ")
     assert "params.learnin_rate: not a Config field (allowed: " in proc.stderr and "learning_rate" in proc.stderr
-    cmd = [sys.executable, "-c", WITHOUT_OPTUNA, "scripts/tune.py", "--study", "x", "--report"]
+    cmd = [sys.executable, "-c", WITHOUT_OPTUNA, "ppo_ddp.tune", "--study", "x", "--report"]
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "pip install" in proc.stderr
 
@@ -353,7 +353,24 @@ def test_a_worker_with_another_space_is_refused(tiny_study):
     assert "was made with another search space" in proc.stderr
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "tune").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_space_that_names_its_base_as_before_the_presets_moved_continues_the_study(tiny_study):
+    # Spaces written before the presets moved into the package named the base by its path in the repository
+    # (configs/halfcheetah.yaml); such a space is the same search as one naming the preset, and continues its study.
+    tmp, _ = tiny_study
+    old = tmp / "old.yaml"
+    old.write_text(yaml.safe_dump(dict(TINY, base="configs/halfcheetah.yaml")))
+    assert load_space(old).base_values == load_space(tmp / "tiny.yaml").base_values
+    proc = tune("--space", old, "--study", "tiny", "--out", tmp / "out", "--n-trials", 1)  # holds more: no trial
+    assert proc.returncode == 0 and "best preset (trial" in proc.stdout, proc.stderr
+
+
+def test_a_packaged_space_is_found_by_its_name():
+    assert load_space(space_file("halfcheetah")).source.endswith("ppo_ddp/configs/tune/halfcheetah.yaml")
+    with pytest.raises(ValueError, match="no such file, nor a search space of ppo_ddp .they are: halfcheetah, loco"):
+        space_file("halfcheeta")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "ppo_ddp" / "configs" / "tune").glob("*.yaml")), ids=lambda p: p.stem)
 def test_the_shipped_spaces_are_valid(path):
     space = load_space(path)
     assert space.enqueue  # each starts from its base preset's values
@@ -362,7 +379,7 @@ def test_the_shipped_spaces_are_valid(path):
 def test_the_recurrent_policy_s_fields_can_be_searched():
     space = parse_space(
         {
-            "base": "configs/hopper_novel.yaml",
+            "base": "hopper_novel",
             "envs": {"ppo_ddp/HopperNoVel-v5": 2500},
             "eval_every_steps": 100_000,
             "params": {
@@ -386,7 +403,7 @@ def test_without_base_each_env_starts_from_its_own_preset():
     space = parse_space(doc, "per-env space")
     trial = {"learning_rate": 5.0e-4}
     hopper, swimmer, pendulum = (space.trial_values(trial, env) for env in doc["envs"])
-    assert hopper["rollout_length"] == 1024 and hopper["gamma"] == 0.995  # configs/hopper.yaml
-    assert swimmer["gamma"] == 0.9999 and swimmer["num_minibatches"] == 16  # configs/swimmer.yaml
+    assert hopper["rollout_length"] == 1024 and hopper["gamma"] == 0.995  # ppo_ddp/configs/hopper.yaml
+    assert swimmer["gamma"] == 0.9999 and swimmer["num_minibatches"] == 16  # ppo_ddp/configs/swimmer.yaml
     assert pendulum["env_id"] == "Pendulum-v1" and "gamma" not in pendulum  # Config's defaults
     assert {hopper["learning_rate"], swimmer["learning_rate"], hopper["total_timesteps"]} == {5.0e-4, 256}

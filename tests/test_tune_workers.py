@@ -1,5 +1,5 @@
-"""scripts/tune.py with workers that share a study (issue 29): each enqueued trial is run by one worker only, a new
-study is made once by the workers started at once, a worker whose trial another worker ended says so in one line
+"""python -m ppo_ddp.tune with workers that share a study (issue 29): each enqueued trial is run by one worker only, a
+new study is made once by the workers started at once, a worker whose trial another worker ended says so in one line
 and goes on, and a --storage URL whose driver is missing names the pip command. Without the claim made atomic on
 SQLite, two workers took the same enqueued trial and the second to end it crashed ('Cannot tell a FAIL trial')."""
 
@@ -19,11 +19,11 @@ import yaml
 optuna = pytest.importorskip("optuna")
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import tune  # noqa: E402
 from test_tune import ENV, TINY  # noqa: E402
-from tune_space import load_space  # noqa: E402
+
+from ppo_ddp import tune  # noqa: E402
+from ppo_ddp.tune_space import load_space  # noqa: E402
 
 CORES = os.cpu_count() or 2
 
@@ -51,8 +51,9 @@ CLAIMER = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-import optuna, tune
-from tune_space import load_space
+import optuna
+from ppo_ddp import tune
+from ppo_ddp.tune_space import load_space
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 url, name, space, folder = sys.argv[2], sys.argv[3], load_space(sys.argv[4]), Path(sys.argv[5])
 worker, n = int(sys.argv[6]), int(sys.argv[7])
@@ -91,7 +92,7 @@ def test_workers_started_at_once_make_the_study_once_and_claim_each_enqueued_tri
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(doc))
     url = f"sqlite:///{tmp_path / 'race.db'}" if storage == "sqlite" else os.environ["TUNE_TEST_POSTGRES_URL"]
     name, workers, each = f"race-{tmp_path.name}-{os.getpid()}-{time.time_ns()}", 6, 6  # new in a shared database
-    args = [str(ROOT / "scripts"), url, name, str(tmp_path / "space.yaml"), str(tmp_path)]
+    args = [str(ROOT), url, name, str(tmp_path / "space.yaml"), str(tmp_path)]
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CLAIMER, *args, str(i), str(each)],
@@ -131,7 +132,7 @@ def test_many_workers_on_a_loaded_machine_never_run_a_trial_twice(tmp_path):
     try:
         for run in range(3):
             out = tmp_path / f"out{run}"
-            cmd = [sys.executable, "scripts/tune.py", "--space", tmp_path / "space.yaml", "--study", "stress"]
+            cmd = [sys.executable, "-m", "ppo_ddp.tune", "--space", tmp_path / "space.yaml", "--study", "stress"]
             cmd += ["--out", out, "--poll", "0.3", "--n-trials", n_trials, "--workers", workers, "--seed", run]
             proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -200,10 +201,10 @@ def test_a_storage_whose_driver_is_missing_says_what_to_install(tmp_path):
     line with the pip command, the password hidden, exit 2."""
     without_psycopg = (
         "import runpy, sys; sys.modules['psycopg'] = None; sys.argv = sys.argv[1:]; "
-        "runpy.run_path(sys.argv[0], run_name='__main__')"
+        "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
     )
     url = "postgresql://user:secret@localhost/db"
-    cmd = [sys.executable, "-c", without_psycopg, "scripts/tune.py", "--study", "x", "--report", "--storage", url]
+    cmd = [sys.executable, "-c", without_psycopg, "ppo_ddp.tune", "--study", "x", "--report", "--storage", url]
     proc = subprocess.run(
         [*cmd, "--out", str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120
     )

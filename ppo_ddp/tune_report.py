@@ -1,7 +1,7 @@
-"""What scripts/tune.py writes about a study: the best trial as presets, a table of all trials, the history plot.
+"""What python -m ppo_ddp.tune writes about a study: the best trial as presets, a table of all trials, the history plot.
 
 Everything comes from the study's database and the space it stored, so any machine that reaches the storage
-can write the report (`python scripts/tune.py --study NAME --storage URL --report`).
+can write the report (`python -m ppo_ddp.tune --study NAME --storage URL --report`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from tune_space import Space, env_file_name, write_preset
+from ppo_ddp.tune_space import Space, env_file_name, write_preset
 
 
 def write_report(study: Any, space: Space, study_dir: Path) -> list[str]:
@@ -105,19 +105,19 @@ def markdown(name: str, space: Space, rows: list[dict[str, Any]], best: Any) -> 
 
 
 def write_best_presets(name: str, space: Space, best: Any, study_dir: Path) -> list[Path]:
-    """The best trial's config on each env, as a preset `python train.py --config` runs."""
+    """The best trial's config on each env, as a preset `python -m ppo_ddp.train --config` runs."""
     params = {d.name: d.decode(best.params[d.name]) for d in space.params}
     paths = []
     for env_id, target in space.envs.items():
         ret = best.user_attrs.get(f"return/{env_id}")
         path = study_dir / f"best_{env_file_name(env_id)}.yaml"
         header = [
-            f"Best trial {best.number} of study {name} (scripts/tune.py --report): score {best.value:.4g} over "
+            f"Best trial {best.number} of study {name} (python -m ppo_ddp.tune --report): score {best.value:.4g} over "
             f"{len(space.envs)} env(s); {env_id} evaluated {ret:.1f} (target {target:g}).",
             f"Search space {space.source} over the base preset {space.doc.get('base', 'of each env')}; searched: "
             + ", ".join(params)
             + ".",
-            f"Train it: python train.py --config {path}",
+            f"Train it: python -m ppo_ddp.train --config {path}",
         ]
         write_preset(path, space.trial_values(params, env_id), header)
         paths.append(path)

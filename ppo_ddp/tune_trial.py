@@ -1,6 +1,6 @@
-"""One trial of scripts/tune.py: a training run per env in a process of its own, its evaluations as they arrive.
+"""One trial of python -m ppo_ddp.tune: a training run per env in a process of its own, its evaluations as they arrive.
 
-Each env's config is written as a preset into the trial's folder and trained by `python train.py --config` in a
+Each env's config is written as a preset into the trial's folder and trained by `python -m ppo_ddp.train --config` in a
 session of its own (stdout and stderr to <env>.log). Its eval.csv is read every --poll seconds; each new row is
 reported to optuna, and when the pruner says so the trainer is sent SIGTERM (it saves after its round and exits;
 it is killed if it has not within STOP_GRACE_S) and the trial ends as pruned. A non-zero exit or a non-finite
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from tune_space import ROOT, Space, env_file_name, normalised, write_preset
+from ppo_ddp.tune_space import Space, env_file_name, normalised, write_preset
 
 STOP_GRACE_S = 120.0  # a trainer told to stop finishes its round and its evaluations, then saves
 
@@ -72,9 +72,12 @@ class Objective:
         values = self.space.trial_values(params, env_id)
         name = env_file_name(env_id)
         preset = trial_dir / f"{name}.yaml"
-        header = [f"trial {trial.number} of study {trial.study.study_name} (scripts/tune.py), {self.space.source}"]
+        header = [
+            f"trial {trial.number} of study {trial.study.study_name} (python -m ppo_ddp.tune), {self.space.source}"
+        ]
         write_preset(preset, values, header)
-        cmd = [sys.executable, "train.py", "--config", str(preset), "--run-name", name, "--runs-dir", str(trial_dir)]
+        cmd = [sys.executable, "-m", "ppo_ddp.train", "--config", str(preset), "--run-name", name]
+        cmd += ["--runs-dir", str(trial_dir)]
         monitor = Monitor(trial, self.space, k, env_id, done)
         log = trial_dir / f"{name}.log"
         start = time.monotonic()
@@ -153,10 +156,17 @@ def run_training(
     """Run cmd (a train.py) in a session of its own and hand on_row each new row of eval.csv, with whether the
     trainer has ended; its exit status. When on_row raises (a pruned or failed trial) or this worker is
     interrupted, the trainer is stopped."""
+    from ppo_ddp.launch import package_env  # torch, which a worker between trials does not need
+
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:  # its own session: the worker decides when it stops, and can kill all of it
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            cmd,
+            env=package_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     try:
         seen = 0

@@ -1,13 +1,15 @@
 """Hyperparameter search with Optuna: TPE sampler, median pruner on the evaluations, the study in a database.
 
-    python scripts/tune.py --space configs/tune/halfcheetah.yaml --study hc --n-trials 50 --workers 2
-    python scripts/tune.py --space configs/tune/halfcheetah.yaml --study hc --n-trials 50 \\
+    python -m ppo_ddp.tune --space halfcheetah --study hc --n-trials 50 --workers 2
+    python -m ppo_ddp.tune --space halfcheetah --study hc --n-trials 50 \\
         --storage postgresql://user:pass@host/db           # the same line on another machine adds a worker
-    python scripts/tune.py --study hc --report             # best preset, table, plot; no trials run
+    python -m ppo_ddp.tune --study hc --report              # best preset, table, plot; no trials run
     optuna-dashboard sqlite:///runs/tune/hc/study.db
 
-Each trial is `python train.py --config runs/tune/<study>/trial_<n>/<env>.yaml` in a process of its own, one env
-after the other (the search space file, scripts/tune_space.py, says which envs and what is searched). While it
+`ppo-ddp-tune` is the same program. --space takes a search space of the package (halfcheetah, locomotion:
+ppo_ddp/configs/tune/) or a YAML file. Each trial is `python -m ppo_ddp.train --config
+runs/tune/<study>/trial_<n>/<env>.yaml` in a process of its own, one env after the other (the search space,
+ppo_ddp/tune_space.py, says which envs and what is searched). While it
 trains, its eval.csv is read: every evaluation is reported to optuna (normalised by the env's target score) and
 a trial the median pruner stops is sent SIGTERM (it saves and exits) and recorded as pruned. A trial's value is
 the mean over envs of its last evaluations' normalised return; a trial whose training exits non-zero (a crash,
@@ -19,6 +21,7 @@ same command is run again: workers start trials until the study holds --n-trials
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
@@ -28,12 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from tune_space import Space, load_space, parse_space  # noqa: E402
-from tune_trial import Objective  # noqa: E402
-
-from ppo_ddp.config import ConfigError, missing_extra  # noqa: E402
+from ppo_ddp.config import ConfigError, missing_extra
+from ppo_ddp.presets import space_file
+from ppo_ddp.tune_space import Space, load_space, parse_space
+from ppo_ddp.tune_trial import Objective
 
 PROG = "tune.py"
 SQLITE_BUSY_TIMEOUT_S = 60  # workers sharing a SQLite file wait this long for its lock instead of failing
@@ -53,7 +54,11 @@ STUDY_READY_S = 30  # a worker that finds the study just made waits this long fo
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--space", help="search-space YAML (configs/tune/*.yaml); needed unless --report")
+    p.add_argument(
+        "--space",
+        help="search space: a packaged one's name (halfcheetah, locomotion: ppo_ddp/configs/tune/) or a YAML file; "
+        "needed unless --report",
+    )
     p.add_argument("--study", required=True, help="study name: its folder is OUT/STUDY, its trials are in STORAGE")
     p.add_argument("--n-trials", type=int, help="run until the study holds this many trials (see README)")
     p.add_argument("--storage", help="database URL optuna accepts (default: sqlite:///OUT/STUDY/study.db)")
@@ -103,12 +108,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
-        space = load_space(args.space) if args.space else None
+        space = load_space(space_file(args.space)) if args.space else None
         worker = args.worker_id or 0
         study = open_study(url, args.study, space, args.seed, worker, args.heartbeat, create=not args.report)
     except ConfigError as e:
         fail(str(e))
-    except (SQLAlchemyError, ImportError, ValueError) as e:  # a bad URL, a missing driver, no server
+    except ValueError as e:  # --space names neither a file nor a packaged space
+        if args.space and str(e).startswith(repr(args.space)):
+            fail(f"space={e}")
+        fail(f"storage={shown(url)!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    except (SQLAlchemyError, ImportError) as e:  # a bad URL, a missing driver, no server
         fail(f"storage={shown(url)!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     if space is None:
         if "space" not in study.user_attrs:
@@ -214,7 +223,7 @@ def open_study(
     elif name not in optuna.get_all_study_names(storage):
         raise ConfigError(f"study={name!r}: no such study in {shown(url)}")
     study = optuna.load_study(**kwargs)
-    if space is not None and stored_doc(study, url) != space.doc:
+    if space is not None and not same_space(study, stored_doc(study, url), space):
         raise ConfigError(
             f"study {name!r} in {shown(url)} was made with another search space "
             f"({study.user_attrs.get('space_source')}); use its file unchanged, or a new --study name"
@@ -244,6 +253,14 @@ def stored_doc(study: Any, url: str) -> Any:
             )
         time.sleep(0.5)
     return doc
+
+
+def same_space(study: Any, doc: dict[str, Any], space: Space) -> bool:
+    """Whether a study may continue with this space: the file it was made with, up to how its `base` names the
+    preset (studies made before the presets moved into the package wrote configs/NAME.yaml), whose values must
+    not have changed."""
+    others = {k: v for k, v in doc.items() if k != "base"} == {k: v for k, v in space.doc.items() if k != "base"}
+    return others and stored_space(study).base_values == json.loads(json.dumps(space.base_values))
 
 
 def stored_space(study: Any) -> Space:
@@ -335,10 +352,12 @@ class StopOnSignal:
 def run_workers(args: argparse.Namespace, url: str) -> int:
     """--workers K: K worker processes of this script on the same study (the study and its tables exist already,
     made by main). A signal here is passed on to them; the first failed worker's status is returned."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--space", args.space, "--study", args.study]
+    from ppo_ddp.launch import package_env  # torch: only here
+
+    cmd = [sys.executable, "-m", "ppo_ddp.tune", "--space", args.space, "--study", args.study]
     cmd += ["--n-trials", str(args.n_trials), "--storage", url, "--out", args.out, "--poll", str(args.poll)]
     cmd += ["--heartbeat", str(args.heartbeat)] + (["--seed", str(args.seed)] if args.seed is not None else [])
-    procs = [subprocess.Popen([*cmd, "--worker-id", str(i)]) for i in range(args.workers)]
+    procs = [subprocess.Popen([*cmd, "--worker-id", str(i)], env=package_env()) for i in range(args.workers)]
     try:
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt:
@@ -353,7 +372,8 @@ def run_workers(args: argparse.Namespace, url: str) -> int:
 
 def report(study: Any, space: Space, study_dir: Path, url: str) -> None:
     import optuna
-    from tune_report import write_report
+
+    from ppo_ddp.tune_report import write_report
 
     optuna.storages.fail_stale_trials(study)  # a trial whose worker was killed shows as failed, not running
     for line in write_report(study, space, study_dir):

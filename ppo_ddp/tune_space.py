@@ -1,10 +1,10 @@
-"""The search space of scripts/tune.py: its YAML file checked against Config's fields, a trial's config, scores.
+"""The search space of python -m ppo_ddp.tune: its YAML file checked against Config's fields, a trial's config, scores.
 
 No optuna here (a trial is anything with optuna's suggest_* methods), so a space can be checked without it.
-The file's keys (configs/tune/halfcheetah.yaml is an example):
+The file's keys (ppo_ddp/configs/tune/halfcheetah.yaml is an example):
 
-    base: configs/halfcheetah.yaml        the preset every trial starts from (relative to the repository); without
-                                          it, each env's own preset (ppo_ddp/presets.py: configs/hopper.yaml for
+    base: halfcheetah                     the preset every trial starts from (a preset's name, or a YAML file);
+                                          without it, each env's own preset (ppo_ddp/presets.py: hopper for
                                           Hopper-v5), or Config's defaults for an env that has none
     envs: {HalfCheetah-v5: 3000}          env id -> target score; a trial's score on an env is return / target
     fixed: {total_timesteps: 1000000}     Config fields set for every trial, over the base preset
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,22 +32,11 @@ from typing import Any, Optional
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from ppo_ddp.config import (  # noqa: E402
-    YAML_EXPONENT_HINT,  # noqa: E402
-    Config,
-    ConfigError,
-    config_from_dict,
-    field_names,
-    load_yaml_defaults,
-    read_yaml,
-    validate,
-)
-from ppo_ddp.envs import env_problem  # noqa: E402
-from ppo_ddp.presets import find_preset  # noqa: E402
-from ppo_ddp.topology import resolve_actors_per_learner  # noqa: E402
+from ppo_ddp.config import YAML_EXPONENT_HINT, Config, ConfigError, config_from_dict, field_names, validate
+from ppo_ddp.configure import load_yaml_defaults, read_yaml
+from ppo_ddp.envs import env_problem
+from ppo_ddp.presets import config_file, find_preset
+from ppo_ddp.topology import resolve_actors_per_learner
 
 TOP_KEYS = ("base", "envs", "fixed", "eval_every_steps", "final_evals", "pruner", "sampler", "params", "enqueue")
 # env_id comes from `envs`, eval_interval from eval_every_steps; the rest name a trial's own files.
@@ -149,7 +137,7 @@ class Space:
 
 
 def round_size(values: dict[str, Any]) -> int:
-    """Env steps of one learner's round (a trial runs `python train.py`, one learner on a CPU machine)."""
+    """Env steps of one learner's round (a trial runs `python -m ppo_ddp.train`, one learner on a CPU machine)."""
     cfg = config_from_dict(values)
     actors = resolve_actors_per_learner(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu)
     return actors * cfg.envs_per_actor * cfg.rollout_length
@@ -161,7 +149,7 @@ def env_file_name(env_id: str) -> str:
 
 
 def write_preset(path: Path, values: dict[str, Any], header: list[str]) -> None:
-    """A YAML preset `python train.py --config` reads, with comment lines on top."""
+    """A YAML preset `python -m ppo_ddp.train --config` reads, with comment lines on top."""
     path.parent.mkdir(parents=True, exist_ok=True)
     comments = "".join(f"# {line}\n" for line in header)
     path.write_text(comments + yaml.safe_dump(values, sort_keys=False, default_flow_style=None))
@@ -228,8 +216,13 @@ def _base_values(base: Any, envs: dict[str, float], policy: str) -> dict[str, di
     """Each env's base preset: the file `base` names for all of them, else the env's own preset, else nothing
     (Config's defaults)."""
     if base is not None:
-        path = Path(str(base))
-        values = load_yaml_defaults(path if path.is_absolute() else ROOT / path)
+        base = str(base)
+        if base.startswith("configs/") and not Path(base).is_file():  # a space written before the presets moved
+            base = base[len("configs/") :]  # into the package named them by their path in the repository
+        try:
+            values = load_yaml_defaults(config_file(base))
+        except ValueError as e:
+            raise ConfigError(f"base={e}") from None
         return {env_id: values for env_id in envs}
     try:
         own = {env_id: find_preset(env_id, policy) for env_id in envs}
