@@ -18,6 +18,7 @@ from ppo_ddp.checkpoint import CheckpointError, load_checkpoint
 from ppo_ddp.config import Config, config_from_dict, missing_extra
 from ppo_ddp.envs import env_problem, make_env, make_video_env
 from ppo_ddp.evaluator import play_episodes
+from ppo_ddp.flags import use_docstrings_as_help
 from ppo_ddp.model import ActorCritic
 from ppo_ddp.normalization import Moments
 from ppo_ddp.recurrent import make_model
@@ -82,6 +83,7 @@ def evaluate_policy(
 def main(argv: Optional[list[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv = ["--no-deterministic" if a == "--stochastic" else a for a in argv]
+    use_docstrings_as_help(EvalArgs)  # --help as prose, like train's
     args = tyro.cli(EvalArgs, args=argv, prog="python -m ppo_ddp.evaluate")
     if args.episodes <= 0:
         print(f"evaluate: error: episodes={args.episodes}: must be a positive integer", file=sys.stderr)

@@ -30,6 +30,7 @@ from ppo_ddp.checkpoint import CheckpointError
 from ppo_ddp.config import Config, missing_extra
 from ppo_ddp.envs import make_env
 from ppo_ddp.evaluate import load_policy
+from ppo_ddp.flags import use_docstrings_as_help
 from ppo_ddp.policy import EnvPolicy
 from ppo_ddp.run_log import code_version
 
@@ -152,6 +153,7 @@ def _fail(message: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    use_docstrings_as_help(ExportArgs)  # --help as prose, like train's
     args = tyro.cli(ExportArgs, args=argv, prog="python -m ppo_ddp.export")
     if args.format not in EXPORTERS:
         _fail(f"--format {args.format!r}: must be one of {', '.join(EXPORTERS)}")

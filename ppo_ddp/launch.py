@@ -28,19 +28,16 @@ from typing import Any, Optional, Union
 import torch.distributed as dist
 import yaml
 
-import ppo_ddp
 from ppo_ddp import distributed as D
 from ppo_ddp.agreement import BAD_INPUT, RunFailed, Stopped
 from ppo_ddp.checkpointer import checkpoint_paths
 from ppo_ddp.config import Config, config_to_dict, validate
 from ppo_ddp.configure import load_config
+from ppo_ddp.programs import package_env, program
 from ppo_ddp.run_log import default_run_name
 from ppo_ddp.signals import ForcedStop, StopRequests, exit_code, signal_name
 from ppo_ddp.topology import TrainingTopology
 from ppo_ddp.trainer import Trainer
-
-MODULE = "ppo_ddp.train"
-"""The command line's module: `python -m ppo_ddp.train`, `torchrun -m ppo_ddp.train`."""
 
 
 def train(config: Union[Config, str, None] = None, **fields: Any) -> Path:
@@ -102,7 +99,7 @@ def run(cfg: Config, argv: Optional[list[str]] = None) -> Path:
             trainer.train()
         except Stopped as e:
             if ctx.is_main:
-                print(stop_message(e), flush=True)
+                print(stop_message(e, api=argv is None), flush=True)
             raise
     return trainer.checkpointer.latest
 
@@ -114,19 +111,6 @@ def launch_command(cfg: Config) -> list[str]:
     values = {k: v for k, v in config_to_dict(cfg).items() if k != "config"}
     path.write_text(f"# ppo_ddp.train({cfg.config or 'Config(...)'}): the run as launched\n" + yaml.safe_dump(values))
     return [str(Path(__file__).with_name("train.py")), "--config", str(path)]
-
-
-def program(argv0: str) -> list[str]:
-    """How to start this program again as the user did: `-m ppo_ddp.train`, or the script (train.py, or the
-    console script ppo-ddp-train) argv0 names."""
-    return ["-m", MODULE] if Path(argv0).resolve() == Path(__file__).with_name("train.py") else [argv0]
-
-
-def package_env() -> dict[str, str]:
-    """The environment of a process that runs `python -m ppo_ddp...`: it imports the ppo_ddp that this process runs
-    (a checkout's, or the installed one), whatever the working directory."""
-    home = str(Path(ppo_ddp.__file__).resolve().parent.parent)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p)}
 
 
 def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
@@ -168,13 +152,15 @@ def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
         raise SystemExit(exit_code(int(e.sigval))) from None
 
 
-def stop_message(e: Stopped) -> str:
-    """The stop's line: what was kept, and the command that continues the run."""
+def stop_message(e: Stopped, api: bool = False) -> str:
+    """The stop's line: what was kept, and the command (the call, for the Python API) that continues the run."""
     by = f"stopped by {signal_name(e.signum)}"
     if e.checkpoint is None:  # nothing was kept (a stop during the first round): no round count to report
-        return f"{by} before the first round finished; nothing saved. Start again with: {resume_command(None)}"
+        again = "the same call" if api else resume_command(None)
+        return f"{by} before the first round finished; nothing saved. Start again with: {again}"
     head = f"{by} after round {e.completed} of {e.num_iterations} ({e.global_step:,} steps)"
-    return f"{head}; checkpoint {e.checkpoint}. Resume with: {resume_command(e.run_name)}"
+    again = f"train(..., resume='auto', run_name={e.run_name!r})" if api else resume_command(e.run_name)
+    return f"{head}; checkpoint {e.checkpoint}. Resume with: {again}"
 
 
 def resume_command(run_name: Optional[str], argv: Optional[list[str]] = None) -> str:

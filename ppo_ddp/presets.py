@@ -132,6 +132,9 @@ def describe(env_id: str, policy: str, config: Optional[str]) -> str:
     """Where a run's hyperparameters came from, for its start line: the env's preset, another config file, or
     Config's defaults."""
     if config is None:
+        preset = find_preset(env_id, policy)
+        if preset is not None:  # a Config made in Python, which does not read the env's preset
+            return f"Config's defaults (tuned on HalfCheetah-v5), not the preset {name_of(preset)}"
         return f"no preset for {env_id} in ppo_ddp, so Config's defaults (tuned on HalfCheetah-v5)"
     path = config_file(config).resolve()
     packaged = path.parent in TRAINING_DIRS

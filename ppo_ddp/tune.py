@@ -33,6 +33,7 @@ from typing import Any, NoReturn, Optional
 
 from ppo_ddp.config import ConfigError, missing_extra
 from ppo_ddp.presets import space_file
+from ppo_ddp.programs import package_env
 from ppo_ddp.tune_space import Space, load_space, parse_space
 from ppo_ddp.tune_trial import Objective
 
@@ -352,8 +353,6 @@ class StopOnSignal:
 def run_workers(args: argparse.Namespace, url: str) -> int:
     """--workers K: K worker processes of this script on the same study (the study and its tables exist already,
     made by main). A signal here is passed on to them; the first failed worker's status is returned."""
-    from ppo_ddp.launch import package_env  # torch: only here
-
     cmd = [sys.executable, "-m", "ppo_ddp.tune", "--space", args.space, "--study", args.study]
     cmd += ["--n-trials", str(args.n_trials), "--storage", url, "--out", args.out, "--poll", str(args.poll)]
     cmd += ["--heartbeat", str(args.heartbeat)] + (["--seed", str(args.seed)] if args.seed is not None else [])

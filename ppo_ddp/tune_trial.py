@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+from ppo_ddp.programs import package_env
 from ppo_ddp.tune_space import Space, env_file_name, normalised, write_preset
 
 STOP_GRACE_S = 120.0  # a trainer told to stop finishes its round and its evaluations, then saves
@@ -156,8 +157,6 @@ def run_training(
     """Run cmd (a train.py) in a session of its own and hand on_row each new row of eval.csv, with whether the
     trainer has ended; its exit status. When on_row raises (a pruned or failed trial) or this worker is
     interrupted, the trainer is stopped."""
-    from ppo_ddp.launch import package_env  # torch, which a worker between trials does not need
-
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:  # its own session: the worker decides when it stops, and can kill all of it
         proc = subprocess.Popen(

@@ -44,6 +44,7 @@ LAYERS = [
     "config",
     "flags",
     "presets",
+    "programs",
     "topology",
     "envs",
     "partial_envs",

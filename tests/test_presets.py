@@ -87,6 +87,8 @@ def test_the_start_line_says_which_preset_or_another_config():
     assert describe("Hopper-v5", "mlp", "ppo_ddp/configs/hopper.yaml") == "preset hopper"  # the same file
     assert describe("Hopper-v5", "mlp", "ant") == "config ant"  # ant's values on Hopper
     assert describe("Humanoid-v5", "mlp", "scale/humanoid") == "config scale/humanoid"
+    # Config(env_id="Hopper-v5") made in Python: its own values, though the env has a preset
+    assert describe("Hopper-v5", "mlp", None) == "Config's defaults (tuned on HalfCheetah-v5), not the preset hopper"
 
 
 def test_config_takes_a_presets_name_or_a_file(tmp_path):

@@ -4,7 +4,9 @@ elastic run, and actors that continue their noise from a checkpoint. Seconds, no
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
+import shutil
 import signal
 import sys
 import time
@@ -19,7 +21,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can import scripted_env too
     sys.path.insert(0, str(TESTS_DIR))
 
-from ppo_ddp import signals  # noqa: E402
+from ppo_ddp import launch, signals  # noqa: E402
 from ppo_ddp.actor_pool import ActorPool  # noqa: E402
 from ppo_ddp.agreement import Stopped  # noqa: E402
 from ppo_ddp.checkpointer import find_elastic_run  # noqa: E402
@@ -27,6 +29,7 @@ from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.launch import resume_command, stop_message  # noqa: E402
 from ppo_ddp.learner import NonFiniteError, check_finite  # noqa: E402
 from ppo_ddp.model import ActorCritic  # noqa: E402
+from ppo_ddp.programs import program  # noqa: E402
 from ppo_ddp.run_log import RunLogger  # noqa: E402
 from ppo_ddp.signals import ForcedStop, StopRequests  # noqa: E402
 
@@ -90,6 +93,36 @@ def test_resume_command_keeps_the_flags_and_names_the_run(argv, expected, monkey
     assert resume_command("r1", argv) == expected
 
 
+def test_resume_command_names_the_program_as_it_was_started(monkeypatch):
+    for var in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "PPO_DDP_ACTORS_PER_LEARNER"):
+        monkeypatch.delenv(var, raising=False)
+    module = str(Path(launch.__file__).with_name("train.py"))  # sys.argv[0] of `python -m ppo_ddp.train`
+    assert (
+        resume_command("r1", [module, "--seed", "2"]) == "python -m ppo_ddp.train --seed 2 --resume auto --run-name r1"
+    )
+    script = shutil.which("ppo-ddp-train")  # a console script: by its name where the PATH finds it
+    if script is not None:
+        assert resume_command("r1", [script]) == "ppo-ddp-train --resume auto --run-name r1"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert resume_command("r1", [module]) == (
+        "torchrun --standalone --nproc_per_node=2 -m ppo_ddp.train --resume auto --run-name r1"
+    )
+
+
+def test_the_apis_launch_command_trains_the_same_config(tmp_path):
+    from ppo_ddp.configure import parse_config
+
+    cfg = Config(env_id="Hopper-v5", seed=3, hidden_sizes=(32, 16), runs_dir=str(tmp_path), run_name="api")
+    argv = launch.launch_command(cfg)
+    assert program(argv[0]) == ["-m", "ppo_ddp.train"] and argv[1:] == [
+        "--config",
+        str(tmp_path / "api" / "launch.yaml"),
+    ]
+    assert dataclasses.replace(parse_config(argv[1:]), config=None) == cfg
+
+
 def test_resume_command_under_torchrun(monkeypatch):
     monkeypatch.delenv("PPO_DDP_ACTORS_PER_LEARNER", raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
@@ -120,6 +153,8 @@ def test_the_stop_line_says_what_was_kept(monkeypatch):
     assert (
         nothing == "stopped by SIGINT before the first round finished; nothing saved. Start again with: python train.py"
     )
+    api = stop_message(Stopped(signal.SIGINT, 3, 10, 8192, Path("runs/r1/model_r1.pt"), "r1"), api=True)
+    assert api.endswith("Resume with: train(..., resume='auto', run_name='r1')")  # the Python API: a call
 
 
 def test_resumed_logger_drops_the_rows_a_crashed_run_wrote_past_its_checkpoint(tmp_path):

@@ -75,7 +75,9 @@ def run(
     return proc
 
 
-def torchrun(tmp_path: Path, *extra: str, rounds: int = ROUNDS) -> subprocess.CompletedProcess:
+def torchrun(
+    tmp_path: Path, *extra: str, rounds: int = ROUNDS, entry: tuple[str, ...] = ("train.py",)
+) -> subprocess.CompletedProcess:
     total = (rounds + 1) * 128  # round 0 seeds the statistics, then the rounds that train
     return run(
         [
@@ -84,7 +86,7 @@ def torchrun(tmp_path: Path, *extra: str, rounds: int = ROUNDS) -> subprocess.Co
             "torch.distributed.run",
             "--standalone",
             "--nproc_per_node=2",
-            "train.py",
+            *entry,
             *SMALL,
             "--total-timesteps",
             str(total),
@@ -221,7 +223,7 @@ def test_advantages_are_normalised_with_statistics_of_all_ranks(two_rank_run):
 
 
 def test_param_sync_interval_three(tmp_path):
-    torchrun(tmp_path, "--param-sync-interval", "3")
+    torchrun(tmp_path, "--param-sync-interval", "3", entry=("-m", "ppo_ddp.train"))  # torchrun -m ppo_ddp.train
     same = [torch.equal(a["params"], b["params"]) for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1))]
     assert same == [False, False, True, True]  # round 3 syncs; round 4 is not a sync round but the last one
     # Every checkpoint shows the ranks' mean policy at its top level, and the run ends with one policy.
@@ -331,17 +333,19 @@ def test_our_launch_hands_each_worker_the_actors_the_topology_chose(tmp_path):
 
 
 def test_python_train_launches_several_learners_like_torchrun(tmp_path):
-    # What `python train.py --num-gpus 2` does on a 2-GPU box, run here on CPU: the same launch path.
+    # What `train(num_gpus=2)` does on a 2-GPU box, run here on CPU: the same launch path as `python train.py
+    # --num-gpus 2` (tests/test_reliability.py), with the Python API's command line: its config in the run folder,
+    # the learners started as `-m ppo_ddp.train --config RUN/launch.yaml`.
     code = (
-        "import sys; from ppo_ddp.topology import TrainingTopology; from ppo_ddp.launch import launch_learners; "
-        'launch_learners(TrainingTopology(2, 1, "cpu"), sys.argv[1:])'
+        "import sys; from ppo_ddp.configure import parse_config; from ppo_ddp.topology import TrainingTopology; "
+        "from ppo_ddp.launch import launch_command, launch_learners; "
+        'launch_learners(TrainingTopology(2, 1, "cpu"), launch_command(parse_config(sys.argv[1:])))'
     )
     run(
         [
             sys.executable,
             "-c",
             code,
-            "train.py",
             *SMALL,
             "--total-timesteps",
             "384",
@@ -354,5 +358,5 @@ def test_python_train_launches_several_learners_like_torchrun(tmp_path):
         debug=False,
     )
     saved = yaml.safe_load((tmp_path / "runs" / "launched" / "config.yaml").read_text())
-    assert saved["world_size"] == 2
+    assert saved["world_size"] == 2 and saved["config"]["config"].endswith("launched/launch.yaml")
     assert len(read_csv(tmp_path / "runs" / "launched" / "metrics.csv")) == 2
