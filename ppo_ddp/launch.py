@@ -119,8 +119,8 @@ def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:
     argv is the command line (program first: `-m ppo_ddp.train`'s file, train.py or ppo-ddp-train); every learner
     re-runs it under torchrun's environment and takes the actors per learner decided here (D.OWN_LAUNCH_ENV), not
     a count of its own. The rendezvous store listens on 127.0.0.1 only (torchrun --standalone's listens on every
-    interface). Exits with the first failed learner's status, or 128 + signal when the launcher itself was
-    signalled.
+    interface). RunFailed with the first failed learner's status (which said what went wrong); exit status
+    128 + signal when the launcher itself was signalled (the learners saved and stopped).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

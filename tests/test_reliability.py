@@ -258,13 +258,14 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     u_end, r_end = dump(tmp / "debug_u", 0, ROUNDS), dump(tmp / "debug_r", 0, ROUNDS)
     assert r_end["obs_rms"]["count"] == u_end["obs_rms"]["count"] == steps_after(ROUNDS)
     # Parameters: the resumed run moved from the same round-k point on other episodes. Tolerance
-    # (docs/reliability.md): their distance stays below half of how far the uninterrupted run moved since
-    # round k. Measured 0.30-0.35; a resume that loses the Adam moments measures 0.77 three rounds on.
+    # (docs/reliability.md): three rounds on, their distance stays below 0.7 of how far the uninterrupted run moved
+    # since round k. Measured 0.34 (stopped after round 3) and 0.54 (after round 4); a resume that loses the Adam
+    # moments measured 0.91 and 1.16.
     start = dump(tmp / "debug_u", 0, k)["params"]
-    for n in sorted({min(k + 3, ROUNDS), ROUNDS}):
-        u_n, r_n = dump(tmp / "debug_u", 0, n)["params"], dump(tmp / "debug_r", 0, n)["params"]
-        moved, apart = (u_n - start).norm(), (r_n - u_n).norm()
-        assert apart < 0.5 * moved, (n, float(apart), float(moved))
+    n = min(k + 3, ROUNDS)
+    u_n, r_n = dump(tmp / "debug_u", 0, n)["params"], dump(tmp / "debug_r", 0, n)["params"]
+    moved, apart = (u_n - start).norm(), (r_n - u_n).norm()
+    assert apart < 0.7 * moved, (n, float(apart), float(moved))
     # ranks stay identical after the resume (param_sync_interval 1)
     assert torch.equal(r_end["params"], dump(tmp / "debug_r", 1, ROUNDS)["params"])
     # TensorBoard continues at the right step: no point twice, none missing
