@@ -21,8 +21,10 @@ each costs:
 
 With --train it also runs bench_scale.py's training measurement after the rows (its rollout and its round), then the
 pool row again with the policy and statistics that training ended with: the states a learning policy visits cost
-the env another amount per step than a fresh policy's, and that row separates it from what the learner adds. Run it
-alone on the machine.
+the env another amount per step than a fresh policy's, and that row separates it from what the learner adds. With
+--cprofile N, one actor then samples rounds in this process under cProfile, and the N functions of most own time are
+printed (what of the actor's time is MuJoCo, gymnasium's Python, the policy, the actor's own code). Run it alone on
+the machine.
 """
 
 from __future__ import annotations
@@ -104,8 +106,9 @@ class _Timed:
         self._target.load(*args)
 
 
-def actor_rate(cfg: Config, seconds: float, seed: int) -> tuple[float, dict[str, float]]:
-    """Env steps per second of one ppo_ddp Actor sampling rounds on its own shared block, and its time split."""
+def actor_rate(cfg: Config, seconds: float, seed: int, top: int = 0) -> tuple[float, dict[str, float]]:
+    """Env steps per second of one ppo_ddp Actor sampling rounds on its own shared block, and its time split. top > 0:
+    then as many rounds again under cProfile, whose `top` functions of most own time are printed."""
     import torch
 
     from ppo_ddp.actor import Actor
@@ -140,11 +143,27 @@ def actor_rate(cfg: Config, seconds: float, seed: int) -> tuple[float, dict[str,
         elapsed = time.perf_counter() - start
         split = {k: v / elapsed for k, v in totals.items()}
         split["rest"] = 1.0 - sum(split.values())
+        if top:
+            profile(actor, rounds, top)
         return steps / elapsed, split
     finally:
         if actor is not None:
             actor.close()
         buffers.close()
+
+
+def profile(actor, rounds: int, top: int) -> None:
+    """cProfile of `rounds` more rounds of actor.sample: the functions of most own time (the profiler's own cost per
+    Python call inflates them against the env's C code)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for k in range(rounds):
+        actor.sample(rounds + 1 + k)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
 def side_by_side(processes: int, fn, *args) -> tuple[float, dict[str, float]]:
@@ -175,6 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="processes side by side")
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds of each row")
     parser.add_argument("--train", action="store_true", help="also bench_scale.py's training rate, as the last row")
+    parser.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then one actor in this process under cProfile: its N "
+        "functions of most own time (the env's time split from its wrappers', the policy's, the actor's own)",
+    )
     args = parser.parse_args(argv)
 
     flags = shlex.split(args.flags)
@@ -210,6 +237,10 @@ def main(argv: list[str] | None = None) -> None:
             show(f"  its rollout alone ({steps} steps in {rollout:.3f} s)", steps / rollout, {})
             trained, _, _ = pool_rate(cfg, *dims, args.seconds, Path(tmp) / "bench" / "model_bench.pt")
             show("pool, no learner, the trained policy", trained, {})
+    if args.cprofile:
+        os.environ.update(SINGLE_THREAD_ENV)  # as in an actor
+        print(f"# one actor in this process, alone, under cProfile ({E} envs):", flush=True)
+        actor_rate(cfg, args.seconds, 0, args.cprofile)
     again, _ = side_by_side(n, raw_rate, cfg.env_id, 1, "uniform", args.seconds)
     print(f"the limit again: {again:,.0f} steps/s ({again / limit:.3f} of the first); "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip

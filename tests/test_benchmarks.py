@@ -201,10 +201,11 @@ def test_profile_pool_end_to_end_on_a_tiny_budget():
     # ratio is its row's rate over the first row's, not the speed.
     flags = "--envs-per-actor 2 --rollout-length 16"
     cmd = [sys.executable, "scripts/profile_pool.py", "--config", "ppo_ddp/configs/hopper.yaml", "--flags", flags]
-    cmd += ["--cores", "1", "--seconds", "0.3"]
+    cmd += ["--cores", "1", "--seconds", "0.3", "--cprofile", "5"]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Ordered by: internal time" in proc.stdout and "mj_step" in proc.stdout  # the actor's own profile
     rows = [line for line in proc.stdout.splitlines() if "steps/s" in line and not line.startswith("the limit")]
     names = [row.split("  ")[0] for row in rows]
     assert names[:4] == ["1 env, uniform actions (the limit)", "2 envs, uniform actions", "2 envs, policy actions",
