@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from ppo_ddp.envs import env_problem
+from ppo_ddp.flags import said
 from ppo_ddp.topology import resolve_actors_per_learner
 
 
@@ -205,7 +206,7 @@ def missing_extra(module: str) -> Optional[str]:
 
 
 def _fail(name: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{name}={value!r}: {allowed}")
+    return ConfigError(said(name, value, allowed))
 
 
 def coerce(name: str, annotation: Any, value: Any) -> Any:

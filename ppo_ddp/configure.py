@@ -80,8 +80,7 @@ def load_config(config: Optional[str] = None, **fields: Any) -> Config:
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise ConfigError(f"{unknown[0]}: not a Config field (allowed: {', '.join(known)})")
-    config = config or implied_preset([f"--{k}={v}" for k, v in fields.items() if k in ("env_id", "policy")],
-                                      Config.env_id)  # fmt: skip
+    config = config or implied_preset(fields.get("env_id", Config.env_id), fields.get("policy", "mlp"))
     values = file_defaults(config, "num_actors" in fields, "actors_per_gpu" in fields)
     hints = typing.get_type_hints(Config)
     values.update({k: coerce(k, hints[k], v) for k, v in fields.items()})
@@ -100,7 +99,8 @@ def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -
             path, rest = split_config_flag(argv)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        path = path or implied_preset(rest, Config.env_id)  # no --config: the env's preset, if it has one
+        # no --config: the env's preset, if it has one
+        path = path or implied_preset(flag_value(rest, "env-id") or Config.env_id, flag_value(rest, "policy") or "mlp")
         values = file_defaults(path, num_actors_given=bool(flag_value(rest, "num-actors")),
                                actors_per_gpu_given=bool(flag_value(rest, "actors-per-gpu")))  # fmt: skip
         default = Config(**values, config=path)

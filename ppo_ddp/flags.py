@@ -20,7 +20,6 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import itertools
 import re
 import textwrap
 import types
@@ -29,6 +28,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Optional
 
 import tyro
+
+from ppo_ddp.presets import occurrences
 
 KINDS = {int: "an integer", float: "a number", str: "a string"}
 """What a flag of each plain type takes, for the line of a value tyro could not convert."""
@@ -56,19 +57,8 @@ def use_docstrings_as_help(cls: type) -> None:
             field.metadata = types.MappingProxyType({**field.metadata, "help": prose(docs[field.name])})
 
 
-def occurrences(argv: Sequence[str], name: str) -> list[list[str]]:
-    """The values of each `--name V...` / `--name=V` in argv, in order; tyro reads the underscore spelling too."""
-    spellings = {f"--{name}", f"--{name.replace('_', '-')}"}
-    found = []
-    for i, arg in enumerate(argv):
-        flag, eq, inline = arg.partition("=")
-        if flag in spellings:
-            found.append([inline] if eq else list(itertools.takewhile(lambda a: not a.startswith("--"), argv[i + 1 :])))
-    return found
-
-
 def said(name: str, value: Any, allowed: str) -> str:
-    """config.py's wording of a bad value: name=value: what is allowed."""
+    """The one wording of a bad value, here and in config.py's checks: name=value: what is allowed."""
     return f"{name}={value!r}: {allowed}"
 
 

@@ -33,7 +33,7 @@ from ppo_ddp.agreement import BAD_INPUT, RunFailed, Stopped
 from ppo_ddp.checkpointer import checkpoint_paths
 from ppo_ddp.config import Config, config_to_dict, validate
 from ppo_ddp.configure import load_config
-from ppo_ddp.programs import package_env, program
+from ppo_ddp.programs import TRAIN_FILE, package_env, program
 from ppo_ddp.run_log import default_run_name
 from ppo_ddp.signals import ForcedStop, StopRequests, exit_code, signal_name
 from ppo_ddp.topology import TrainingTopology
@@ -110,7 +110,7 @@ def launch_command(cfg: Config) -> list[str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     values = {k: v for k, v in config_to_dict(cfg).items() if k != "config"}
     path.write_text(f"# ppo_ddp.train({cfg.config or 'Config(...)'}): the run as launched\n" + yaml.safe_dump(values))
-    return [str(Path(__file__).with_name("train.py")), "--config", str(path)]
+    return [str(TRAIN_FILE), "--config", str(path)]
 
 
 def launch_learners(topology: TrainingTopology, argv: list[str]) -> None:

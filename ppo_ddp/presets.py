@@ -16,6 +16,7 @@ else is read.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,23 +110,29 @@ def split_config_flag(argv: Sequence[str]) -> tuple[Optional[str], list[str]]:
     return path, rest
 
 
-def implied_preset(argv: Sequence[str], default_env_id: str) -> Optional[str]:
-    """The name of the preset of the env and policy that argv's flags name, without --config."""
-    env_id = flag_value(argv, "env-id") or default_env_id
-    path = find_preset(env_id, flag_value(argv, "policy") or "mlp")
+def implied_preset(env_id: str, policy: str = "mlp") -> Optional[str]:
+    """The name of the preset that trains env_id with this policy when no --config is given, or None."""
+    path = find_preset(env_id, policy)
     return None if path is None else name_of(path)
 
 
-def flag_value(argv: Sequence[str], name: str) -> Optional[str]:
-    """The last value of `--name V` / `--name=V` in argv (tyro also reads name's underscore spelling); None if
-    absent. The last one, because that is the one tyro keeps."""
-    spellings = {f"--{name}", f"--{name.replace('-', '_')}"}
-    value = None
+def occurrences(argv: Sequence[str], name: str) -> list[list[str]]:
+    """The values of each `--name V...` / `--name=V` in argv, in order; name in either spelling (env-id, env_id),
+    as tyro reads both."""
+    spellings = {f"--{name.replace('_', '-')}", f"--{name.replace('-', '_')}"}
+    found = []
     for i, arg in enumerate(argv):
         flag, eq, inline = arg.partition("=")
         if flag in spellings:
-            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return value
+            found.append([inline] if eq else list(itertools.takewhile(lambda a: not a.startswith("--"), argv[i + 1 :])))
+    return found
+
+
+def flag_value(argv: Sequence[str], name: str) -> Optional[str]:
+    """The last value of `--name V` / `--name=V` in argv; None if absent or given no value. The last one, because
+    that is the one tyro keeps."""
+    found = occurrences(argv, name)
+    return found[-1][0] if found and found[-1] else None
 
 
 def describe(env_id: str, policy: str, config: Optional[str]) -> str:

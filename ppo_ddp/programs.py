@@ -10,12 +10,14 @@ import ppo_ddp
 
 TRAIN_MODULE = "ppo_ddp.train"
 """The command line's module: `python -m ppo_ddp.train`, `torchrun -m ppo_ddp.train`."""
+TRAIN_FILE = Path(__file__).resolve().with_name("train.py")
+"""Its file: sys.argv[0] of `python -m ppo_ddp.train`."""
 
 
 def program(argv0: str) -> list[str]:
     """How to start the training program again as the user did: `-m ppo_ddp.train`, or the script (train.py, or the
     console script ppo-ddp-train) argv0 names."""
-    return ["-m", TRAIN_MODULE] if Path(argv0).resolve() == Path(__file__).with_name("train.py") else [argv0]
+    return ["-m", TRAIN_MODULE] if Path(argv0).resolve() == TRAIN_FILE else [argv0]
 
 
 def package_env() -> dict[str, str]:

@@ -9,9 +9,9 @@
 `ppo-ddp-tune` is the same program. --space takes a search space of the package (halfcheetah, locomotion:
 ppo_ddp/configs/tune/) or a YAML file. Each trial is `python -m ppo_ddp.train --config
 runs/tune/<study>/trial_<n>/<env>.yaml` in a process of its own, one env after the other (the search space,
-ppo_ddp/tune_space.py, says which envs and what is searched). While it
-trains, its eval.csv is read: every evaluation is reported to optuna (normalised by the env's target score) and
-a trial the median pruner stops is sent SIGTERM (it saves and exits) and recorded as pruned. A trial's value is
+ppo_ddp/tune_space.py, says which envs and what is searched). While it trains, its eval.csv is read: every
+evaluation is reported to optuna (normalised by the env's target score) and a trial the median pruner stops is
+sent SIGTERM (it saves and exits) and recorded as pruned. A trial's value is
 the mean over envs of its last evaluations' normalised return; a trial whose training exits non-zero (a crash,
 a refused config, non-finite losses) or evaluates to a non-finite return is recorded as failed and the study
 goes on. Workers on one or more machines share the study through --storage; a stopped study continues when the

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from ppo_ddp.programs import package_env
+from ppo_ddp.programs import TRAIN_MODULE, package_env
 from ppo_ddp.tune_space import Space, env_file_name, normalised, write_preset
 
 STOP_GRACE_S = 120.0  # a trainer told to stop finishes its round and its evaluations, then saves
@@ -77,7 +77,7 @@ class Objective:
             f"trial {trial.number} of study {trial.study.study_name} (python -m ppo_ddp.tune), {self.space.source}"
         ]
         write_preset(preset, values, header)
-        cmd = [sys.executable, "-m", "ppo_ddp.train", "--config", str(preset), "--run-name", name]
+        cmd = [sys.executable, "-m", TRAIN_MODULE, "--config", str(preset), "--run-name", name]
         cmd += ["--runs-dir", str(trial_dir)]
         monitor = Monitor(trial, self.space, k, env_id, done)
         log = trial_dir / f"{name}.log"
