@@ -1,9 +1,9 @@
 """The actor process: it steps gymnasium envs with a CPU copy of the policy, writing rollouts into shared memory.
 
 Started by its learner's `ActorPool` (ppo_ddp/actor_pool.py), an actor attaches to the shared block (layout in
-ppo_ddp/buffers.py), builds its envs, then serves rounds: on a small ("round", k) message it reads the round's
-weights and frozen statistics, steps every env `rollout_length` times, writes rollout[a] in place and answers
-with a small `ActorReport` (rollout data never goes through a pipe). It ignores SIGINT and SIGTERM (stopping is
+ppo_ddp/buffers.py), builds its envs, then serves rounds: on a small ("round", k, slot) message it reads the round's
+weights and frozen statistics, steps every env `rollout_length` times, writes rollout[a] of that slot in place and
+answers with a small `ActorReport` (rollout data never goes through a pipe). It ignores SIGINT and SIGTERM (stopping is
 the learner's decision), exits quietly on EOF from its learner, and sends an exception back with its traceback.
 """
 
@@ -132,19 +132,22 @@ class Actor:
         # persistent across rounds: raw[0] holds the observation each env is in when a round starts
         self.raw = np.zeros((T + 1, E, D), dtype=np.float64)
         self.started = False
-        self.episode_return = [0.0] * E
-        self.episode_length = [0] * E
+        self.episode_return = np.zeros(E, dtype=np.float64)
+        self.episode_length = np.zeros(E, dtype=np.int64)
         # scratch of one round
         self.rewards = np.zeros((T, E), dtype=np.float64)
         self.terminated = np.zeros((T, E), dtype=bool)
         self.truncated = np.zeros((T, E), dtype=bool)
-        self.out = {name: buffers.arrays[name][actor_id] for name in spec.rollout_fields()}  # this actor's slice
+        self.outs = [  # this actor's slice of each rollout slot; `out` is the round's
+            {name: buffers.slot(s).arrays[name][actor_id] for name in spec.rollout_fields()} for s in range(spec.slots)
+        ]
+        self.out = self.outs[0]
 
     def close(self) -> None:
         for env in self.envs:
             with contextlib.suppress(Exception):
                 env.close()
-        self.out = {}
+        self.outs, self.out = [], {}
 
     def _first_reset(self) -> None:
         for e, env in enumerate(self.envs):
@@ -174,8 +177,10 @@ class Actor:
                 )
         raise AssertionError("_non_finite called on finite data")
 
-    def sample(self, round_k: int) -> ActorReport:
-        """One round: T steps of every env with the published weights and frozen statistics → rollout[a]."""
+    def sample(self, round_k: int, slot: int = 0) -> ActorReport:
+        """One round: T steps of every env with the published weights and frozen statistics → rollout[a] of the
+        rollout slot `slot`."""
+        self.out = self.outs[slot]
         obs_rms, ret_rms = self._load_round()
         if not self.started:
             self._first_reset()
@@ -219,8 +224,7 @@ class Actor:
 
     def _act(self, t: int, obs_rms: Optional[Moments], noise: np.ndarray, std: np.ndarray) -> np.ndarray:
         """Observation, value and action of step t into the rollout; returns the actions clipped for the envs."""
-        obs_t = self.out["obs"][t]
-        obs_t[:] = normalize_obs(self.raw[t], obs_rms, self.cfg.obs_clip)
+        obs_t = normalize_obs(self.raw[t], obs_rms, self.cfg.obs_clip, out=self.out["obs"][t])
         if self.state is not None:  # what the update unrolls each chunk from, and where its episodes start
             if t % self.buffers.spec.seq_length == 0:
                 self.out["hidden"][t // self.buffers.spec.seq_length] = self.state
@@ -235,30 +239,15 @@ class Actor:
         self, t: int, env_action: np.ndarray, round_k: int, episodes: list[tuple[float, int]], finals: list[Final]
     ) -> None:
         """Step every env once; an ended episode is recorded (its final observation too, and a GRU's state after
-        the step, which the bootstrap value needs) and its env reset, with the GRU's memory of it."""
-        next_raw, rew_t = self.raw[t + 1], self.rewards[t]
-        ep_ret, ep_len = self.episode_return, self.episode_length
+        the step, which the bootstrap value needs) and its env reset, with the GRU's memory of it. The loop over
+        the envs does only what each env's own result needs: the counters and checks run once on all envs."""
+        next_raw, rew_t, term_t, trunc_t = self.raw[t + 1], self.rewards[t], self.terminated[t], self.truncated[t]
         e = -1
         try:
             for e, env in enumerate(self.envs):
-                obs, reward, term, trunc, _ = env.step(env_action[e])
-                rew_t[e] = reward
-                ep_ret[e] += reward
-                ep_len[e] += 1
-                self.starting[e] = term or trunc
-                if term or trunc:
-                    self.terminated[t, e] = term
-                    self.truncated[t, e] = trunc
-                    final = np.array(obs, dtype=np.float64)  # a copy: the env may reuse its array
-                    if not np.isfinite(final).all():
-                        raise EnvError(
-                            f"env {e} returned a non-finite final observation at step {t} of round {round_k}", e, t
-                        )
-                    finals.append(Final(t, e, final, None if self.state is None else self.state[e].copy()))
-                    if self.state is not None:
-                        self.state[e] = 0.0
-                    episodes.append((float(ep_ret[e]), ep_len[e]))
-                    ep_ret[e], ep_len[e] = 0.0, 0
+                obs, rew_t[e], term_t[e], trunc_t[e], _ = env.step(env_action[e])
+                if term_t[e] or trunc_t[e]:
+                    finals.append(self._final(t, e, obs, round_k))
                     obs, _ = env.reset()
                 next_raw[e] = obs  # a copy into the actor's own array
         except EnvError:
@@ -267,6 +256,24 @@ class Actor:
             raise EnvError(f"env {e} failed at step {t} of round {round_k}: {type(exc).__name__}: {exc}", e, t) from exc
         if not (np.isfinite(next_raw).all() and np.isfinite(rew_t).all()):
             raise self._non_finite(t, round_k)
+        np.logical_or(term_t, trunc_t, out=self.starting)
+        self.episode_return += rew_t
+        self.episode_length += 1
+        for e in np.flatnonzero(self.starting):
+            episodes.append((float(self.episode_return[e]), int(self.episode_length[e])))
+            self.episode_return[e], self.episode_length[e] = 0.0, 0
+
+    def _final(self, t: int, e: int, obs: np.ndarray, round_k: int) -> Final:
+        """The end of env e's episode at step t: its final observation (a copy: the env may reuse its array) and
+        a GRU's state after the step, whose memory of the env is then forgotten."""
+        final = np.array(obs, dtype=np.float64)
+        if not np.isfinite(final).all():
+            raise EnvError(f"env {e} returned a non-finite final observation at step {t} of round {round_k}", e, t)
+        if self.state is None:
+            return Final(t, e, final, None)
+        state = self.state[e].copy()
+        self.state[e] = 0.0
+        return Final(t, e, final, state)
 
     def _bootstrap_values(self, obs_rms: Optional[Moments], finals: list[Final]) -> None:
         """next_values[t] = V(observation after step t, before any reset): V(final observation) at episode ends. A
@@ -365,7 +372,7 @@ def actor_main(conn: mp.connection.Connection, args: ActorArgs) -> None:
             if msg[0] != "round":
                 return
             try:
-                report = actor.sample(msg[1])
+                report = actor.sample(msg[1], msg[2])
             except BaseException as exc:
                 _send(conn, _error_message(exc, msg[1]))
                 return

@@ -1,9 +1,11 @@
 """The learner's side of its actors: an `ActorPool` starts them, runs rounds on them and supervises them.
 
 The pool owns one `SharedBuffers` block (layout in ppo_ddp/buffers.py) and `num_actors` processes
-(ppo_ddp/actor.py) started with a spawn or forkserver context. Per round it publishes the weights and the
-frozen statistics into shared memory and sends each actor a tiny ("round", k) message; the actor writes
-rollout[a] in place and answers with a small `ActorReport`.
+(ppo_ddp/actor.py) started with a spawn or forkserver context (ppo_ddp/children.py). A round is `start` then
+`finish`: start publishes the weights and the frozen statistics into shared memory and sends each actor a tiny
+("round", k, slot) message, and returns; the actor writes rollout[a] of that slot in place and answers with a small
+`ActorReport`, which finish waits for. Between the two the learner is free: overlapped rounds update on the other
+slot then (ppo_ddp/rounds.py).
 
 Supervision: the pool waits on the actor pipes and the process sentinels together, with a bound of
 `cfg.actor_timeout + ROUND_TIME_FACTOR * (slowest round so far)`. An exception in an actor comes back as
@@ -21,20 +23,19 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from ppo_ddp.actor import IGNORED_SIGNALS, ActorArgs, ActorReport, actor_main
+from ppo_ddp.actor import ActorArgs, ActorReport, actor_main
 from ppo_ddp.buffers import BufferSpec, SharedBuffers
+from ppo_ddp.children import CLOSE_TIMEOUT, ActorError, child_start_state, describe_exit, mp_context
 from ppo_ddp.config import Config
 from ppo_ddp.learner import RolloutBatch
-from ppo_ddp.model import num_parameters, write_flat_parameters
+from ppo_ddp.model import num_parameters
 from ppo_ddp.normalization import Moments
 from ppo_ddp.recurrent import make_model
 
@@ -42,97 +43,6 @@ ROUND_TIME_FACTOR = 2.0
 """A round may take this many times the slowest round so far, plus cfg.actor_timeout, before an actor is stuck."""
 MIN_STARTUP_TIMEOUT = 60.0
 """Actors get max(cfg.actor_timeout, this) seconds from the pool's start to import, build envs and report ready."""
-CLOSE_TIMEOUT = 5.0
-"""Seconds idle actors get to exit on a "close" message before they are killed."""
-FORKSERVER_PRELOAD = ["ppo_ddp.actor", "mujoco"]
-"""Imported once in the forkserver, so each actor starts without re-importing torch, gymnasium and MuJoCo."""
-
-
-class ActorError(RuntimeError):
-    """An actor failed, died or got stuck; the message names rank and actor and carries the actor's traceback."""
-
-    def __init__(
-        self,
-        message: str,
-        rank: int,
-        actor_id: int,
-        traceback_text: str = "",
-        exitcode: Optional[int] = None,
-        env_index: Optional[int] = None,
-        step: Optional[int] = None,
-    ) -> None:
-        full = message
-        if traceback_text:
-            full += f"\n\n--- traceback in actor process (rank {rank} actor {actor_id}) ---\n{traceback_text.rstrip()}"
-        super().__init__(full)
-        self.message = message
-        self.rank = rank
-        self.actor_id = actor_id
-        self.traceback_text = traceback_text
-        self.exitcode = exitcode
-        self.env_index = env_index
-        self.step = step
-
-    def __reduce__(self):  # picklable (e.g. to be gathered from another rank) despite the extra fields
-        return type(self), (
-            self.message,
-            self.rank,
-            self.actor_id,
-            self.traceback_text,
-            self.exitcode,
-            self.env_index,
-            self.step,
-        )
-
-
-def mp_context(method: str) -> mp.context.BaseContext:
-    """The multiprocessing context every child of a learner starts from (actors and the evaluator alike)."""
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
-    return ctx
-
-
-SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-"""Set for the actor processes at their start: an actor is one core's worth of work, and a math library's
-worker threads would compete with the other actors (torch.set_num_threads cannot reach numpy's OpenBLAS)."""
-
-
-@contextlib.contextmanager
-def child_start_state() -> Iterator[None]:
-    """Start children (and the forkserver) with SIGINT and SIGTERM ignored and single-threaded math libraries.
-
-    Ignored signals stay ignored across exec, so an actor ignores them from its first instruction, not only
-    once _actor_main runs; so does the forkserver, whose death would look like the death of every actor.
-    The learner's own handlers and environment are restored on exit.
-    """
-    saved_env = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
-    os.environ.update(SINGLE_THREAD_ENV)
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in IGNORED_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def describe_exit(exitcode: Optional[int]) -> str:
-    """A child's exit code for a user: the signal's name when a signal killed it."""
-    if exitcode is None:
-        return "exit code unknown"
-    if exitcode < 0:
-        try:
-            return f"exit code {exitcode} (killed by {signal.Signals(-exitcode).name})"
-        except ValueError:
-            pass
-    return f"exit code {exitcode}"
 
 
 @dataclass
@@ -142,6 +52,11 @@ class Rollout:
     reports: list[ActorReport]
     batch: RolloutBatch
     seconds: float
+    """What the learner waited for it: the whole round in sync, what the update did not hide when overlapped."""
+    buffers: SharedBuffers
+    """The rollout slot the actors wrote it into."""
+    weights: torch.Tensor
+    """The flat parameters the actors acted with (the behaviour policy)."""
 
 
 class ActorPool:
@@ -172,6 +87,7 @@ class ActorPool:
         self._conns: list[mp.connection.Connection] = []
         self._ready = [False] * num_actors
         self._round = first_round - 1
+        self._in_flight: Optional[tuple[float, int]] = None  # (start time, slot) of the round the actors are on
         self._slowest_round = 0.0
         self._closed = False
         self._started_at = time.monotonic()
@@ -234,30 +150,53 @@ class ActorPool:
         ret_rms: Optional[Moments],
         value_rms: Optional[Moments] = None,
     ) -> list[ActorReport]:
-        """Publish weights and frozen statistics, run one round on every actor, return their reports.
+        """One round of a model's policy (any device), start to finish; the rollout is in `buffers` (slot 0 unless
+        rounds overlap)."""
+        self.start(torch.nn.utils.parameters_to_vector(model.parameters()), obs_rms, ret_rms, value_rms)
+        return self.finish()[0]
 
-        The model may live on any device; its parameters are copied to the shared float32 vector. Any
-        failure (an actor's exception, death, timeout; also Ctrl-C here) closes the pool and raises.
-        """
-        if self._closed:
-            raise RuntimeError("ActorPool.collect on a closed pool")
+    def start(
+        self,
+        weights: torch.Tensor,
+        obs_rms: Optional[Moments],
+        ret_rms: Optional[Moments],
+        value_rms: Optional[Moments] = None,
+    ) -> None:
+        """Publish the flat weights (any device) and frozen statistics, and start the next round on every actor,
+        into rollout slot round % slots; returns at once. Any failure (also Ctrl-C here) closes the pool."""
+        if self._closed or self._in_flight is not None:
+            raise RuntimeError("ActorPool.start on a closed pool or with a round in flight")
         try:
             buffers = self.buffers
-            n = num_parameters(model)
-            if n != buffers.spec.num_params:
-                raise ValueError(f"model has {n} parameters, the pool was built for {buffers.spec.num_params}")
+            if weights.numel() != buffers.spec.num_params:
+                raise ValueError(f"{weights.numel()} parameters, the pool was built for {buffers.spec.num_params}")
             if buffers.pinned:
-                torch.cuda.synchronize()  # no asynchronous copy out of the rollout may still be reading it
-            write_flat_parameters(model, buffers.weights)
+                torch.cuda.synchronize()  # no asynchronous copy out of the slot may still be reading it
+            buffers.weights.copy_(weights.detach().reshape(-1))
             buffers.write_stats(obs_rms, ret_rms, value_rms)
-            buffers.fill_sentinel()
+            slot = (self._round + 1) % buffers.spec.slots
+            buffers.slot(slot).fill_sentinel()
             if not all(self._ready):
                 bound = max(self.cfg.actor_timeout, MIN_STARTUP_TIMEOUT)
                 self._await("ready", self._started_at + bound, f"start within {bound:.0f} s")
             self._round += 1
             for a in range(self.num_actors):
-                self._send(a, ("round", self._round))
-            round_start = time.monotonic()
+                self._send(a, ("round", self._round, slot))
+            self._in_flight = (time.monotonic(), slot)
+        except BaseException:
+            self._shutdown(graceful=False)
+            raise
+
+    def finish(self) -> tuple[list[ActorReport], SharedBuffers]:
+        """Wait for the round in flight: the actors' reports, sorted by actor id, and the slot that holds it.
+
+        The bound runs from the round's start; reports already in when it has passed are taken (an overlapped round
+        is waited for only after the update). Any failure (an actor's exception, death, timeout; also Ctrl-C here)
+        closes the pool and raises."""
+        if self._closed or self._in_flight is None:
+            raise RuntimeError("ActorPool.finish on a closed pool or without a round in flight")
+        round_start, slot = self._in_flight
+        try:
             bound = self.cfg.actor_timeout + ROUND_TIME_FACTOR * self._slowest_round
             reports = self._await(
                 "done",
@@ -269,7 +208,8 @@ class ActorPool:
         except BaseException:
             self._shutdown(graceful=False)
             raise
-        return [reports[a] for a in range(self.num_actors)]
+        self._in_flight = None
+        return [reports[a] for a in range(self.num_actors)], self.buffers.slot(slot)
 
     def _send(self, a: int, msg: Any) -> None:
         try:
@@ -285,11 +225,11 @@ class ActorPool:
         results: dict[int, Any] = {}
         while pending:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._stuck_error(sorted(pending), what)
             conn_of = {self._conns[a]: a for a in pending}
             sentinel_of = {self._procs[a].sentinel: a for a in pending}
-            ready = mp.connection.wait(list(conn_of) + list(sentinel_of), timeout=remaining)
+            ready = mp.connection.wait(list(conn_of) + list(sentinel_of), timeout=max(remaining, 0.0))
+            if not ready:
+                raise self._stuck_error(sorted(pending), what)
             # messages first: an actor that raised sends its traceback and then exits
             for obj in ready:
                 if obj in conn_of:

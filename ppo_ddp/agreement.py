@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 from ppo_ddp import distributed as D
-from ppo_ddp.actor_pool import ActorError
 from ppo_ddp.checkpoint import CheckpointError
+from ppo_ddp.children import ActorError
 from ppo_ddp.config import ConfigError
 from ppo_ddp.learner import NonFiniteError
 from ppo_ddp.signals import StopRequests, signal_name

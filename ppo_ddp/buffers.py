@@ -43,6 +43,11 @@ hidden         float32  [A, T/L, E, H]      the GRU state entering step c * L of
                                             unrolls chunk c from
 =============  =======  ==================  ======================================================
 
+Rollout slots: with overlapped rounds (cfg.overlap) the rollout region is laid out twice, one after the other (`slots`
+2): the actors write round k into slot k % 2 while the learner trains on the other. `buffers.slot(s)` views slot s
+with the same fields and the same parameter region; `buffers` itself is slot 0. Each slot is allocated once, with
+the block.
+
 Sentinel (`fill_sentinel`): NaN in every float field of the rollout, `FLAG_SENTINEL` (255) in the flags, so a
 slot an actor failed to write is visible in tests and in the learner's sanity checks.
 """
@@ -103,6 +108,8 @@ class BufferSpec:
     seq_length: int = 1
     next_obs: bool = False
     """Keep each step's next observation (cfg.recompute_advantages)."""
+    slots: int = 1
+    """Rollout regions: 2 when rounds overlap (cfg.overlap), so that round k+1 is written while round k trains."""
 
     @staticmethod
     def for_config(cfg: Config, num_actors: int, obs_dim: int, act_dim: int, num_params: int) -> BufferSpec:
@@ -111,7 +118,7 @@ class BufferSpec:
         return BufferSpec(
             num_actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_params,
             rnn_hidden=cfg.rnn_hidden_size if gru else 0, seq_length=cfg.seq_length if gru else 1,
-            next_obs=cfg.recompute_advantages,
+            next_obs=cfg.recompute_advantages, slots=2 if cfg.overlap else 1,
         )  # fmt: skip
 
     def rollout_fields(self) -> tuple[str, ...]:
@@ -153,7 +160,8 @@ class BufferSpec:
         }
 
     def layout(self) -> tuple[dict[str, int], int, int, int]:
-        """(offset of each field, rollout region start, rollout region size, total size) in bytes."""
+        """(offset of each field in slot 0, rollout region start, one slot's size, total size) in bytes; slot s's
+        fields lie s slot sizes further on."""
         fields = self.fields()
         offsets: dict[str, int] = {}
         pos = 0
@@ -169,7 +177,7 @@ class BufferSpec:
             dtype, shape = fields[name]
             pos += dtype.itemsize * int(np.prod(shape))
         rollout_size = _round_up(pos - rollout_start, PAGE)
-        return offsets, rollout_start, rollout_size, rollout_start + rollout_size
+        return offsets, rollout_start, rollout_size, rollout_start + self.slots * rollout_size
 
 
 class SharedBuffers:
@@ -180,21 +188,34 @@ class SharedBuffers:
     in `close()`; attached users (actors) only unmap it.
     """
 
-    def __init__(self, spec: BufferSpec, shm: shared_memory.SharedMemory, owner: bool) -> None:
+    def __init__(self, spec: BufferSpec, shm: shared_memory.SharedMemory, owner: bool, slot: int = 0) -> None:
+        """slot > 0: a view of another rollout slot, made by slot(); it shares the block and owns nothing."""
         self.spec = spec
         self.name = shm.name
         self.owner = owner
         self._shm: Optional[shared_memory.SharedMemory] = shm
         self._pinned_ptr: Optional[int] = None
         offsets, self._rollout_start, self._rollout_size, _ = spec.layout()
+        rollout = set(spec.rollout_fields())
         self.arrays: dict[str, np.ndarray] = {}
         for name, (dtype, shape) in spec.fields().items():
-            array = np.ndarray(shape, dtype=dtype, buffer=shm.buf, offset=offsets[name])
+            offset = offsets[name] + (slot * self._rollout_size if name in rollout else 0)
+            array = np.ndarray(shape, dtype=dtype, buffer=shm.buf, offset=offset)
             self.arrays[name] = array
             setattr(self, name, torch.from_numpy(array))
         self._rollout_bytes = np.ndarray(
-            (self._rollout_size,), dtype=np.uint8, buffer=shm.buf, offset=self._rollout_start
+            (spec.slots * self._rollout_size,), dtype=np.uint8, buffer=shm.buf, offset=self._rollout_start
         )
+        self._root = self  # the slot-0 object, which pins, closes and lists the slots
+        self._slots = [self]
+        if slot == 0:
+            self._slots += [SharedBuffers(spec, shm, owner=False, slot=s) for s in range(1, spec.slots)]
+            for view in self._slots[1:]:
+                view._root = self
+
+    def slot(self, s: int) -> SharedBuffers:
+        """The views of rollout slot s (the parameter fields are the block's one set); slot(0) is self."""
+        return self._slots[s]
 
     # ---- lifetime -------------------------------------------------------------------------------
     @classmethod
@@ -217,20 +238,21 @@ class SharedBuffers:
         return cls(spec, shared_memory.SharedMemory(name=name), owner=False)
 
     def pin(self) -> None:
-        """Page-lock the rollout region for asynchronous host-to-GPU copies (learner side, CUDA only)."""
+        """Page-lock the rollout region (every slot) for asynchronous host-to-GPU copies (learner side, CUDA only)."""
         if self._pinned_ptr is not None:
             return
         ptr = self._rollout_bytes.ctypes.data
-        err = torch.cuda.cudart().cudaHostRegister(ptr, self._rollout_size, 0)
+        err = torch.cuda.cudart().cudaHostRegister(ptr, self._rollout_bytes.size, 0)
         if int(err) != 0:
             raise RuntimeError(
-                f"cudaHostRegister of the {self._rollout_size}-byte rollout buffer failed with CUDA error {int(err)}"
+                f"cudaHostRegister of the {self._rollout_bytes.size}-byte rollout region failed with CUDA error "
+                f"{int(err)}"
             )
         self._pinned_ptr = ptr
 
     @property
     def pinned(self) -> bool:
-        return self._pinned_ptr is not None
+        return self._root._pinned_ptr is not None
 
     def close(self) -> None:
         """Unpin, drop the views, unmap, and (owner only) unlink the block. Idempotent."""
@@ -246,10 +268,11 @@ class SharedBuffers:
                         f"cudaHostUnregister of the rollout buffer failed with CUDA error {int(err)}", stacklevel=2
                     )
         finally:
-            for name in self.arrays:
-                setattr(self, name, None)
-            self.arrays = {}
-            self._rollout_bytes = None
+            for view in self._slots:
+                for name in view.arrays:
+                    setattr(view, name, None)
+                view.arrays = {}
+                view._rollout_bytes = None
             try:
                 shm.close()
             except BufferError:

@@ -58,6 +58,8 @@ class RunState:
     recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     noise_states: Optional[list[torch.Tensor]] = None
     """This rank's actors' noise generator states after the last round (each rank its own)."""
+    behaviour_weights: Optional[torch.Tensor] = None
+    """Overlapped rounds: the flat weights the round in flight acts with (this rank's; ppo_ddp/rounds.py)."""
 
     def add_episodes(self, returns: list[float]) -> bool:
         """Count the round's episodes; True when the mean of the last RETURN_WINDOW returns is a new best."""
@@ -98,7 +100,7 @@ class RunState:
 
 def rank_state(ctx: D.DistContext, learner: Learner, run: RunState) -> dict[str, Any]:
     """What only this rank knows (its own Adam moments, RNG, actors' noise; parameters between syncs)."""
-    return {
+    own = {
         "actor": {k: v.detach().cpu() for k, v in learner.model.state_dict().items()},
         "optimizer": _to_cpu(learner.optimizer.state_dict()),
         "generator": learner.generator.get_state(),
@@ -106,6 +108,9 @@ def rank_state(ctx: D.DistContext, learner: Learner, run: RunState) -> dict[str,
         "cuda_rng_state": torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None,
         "actor_noise": run.noise_states,
     }
+    if run.behaviour_weights is not None:  # overlapped rounds: the weights of the round in flight
+        own["behaviour_weights"] = run.behaviour_weights.detach().cpu()
+    return own
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -189,7 +194,10 @@ class Checkpointer:
         self, state: dict[str, Any], path: Path, run: RunState, learner: Learner, actors: int, notes: list[str]
     ) -> None:
         """The run state and this rank's own state from a checkpoint; notes collects what the user should read."""
-        run.noise_states = _restore_rank(state, self.ctx, learner, actors, notes)
+        mine = _restore_rank(state, self.ctx, learner, notes)
+        noise = mine.get("actor_noise") if mine is not None else None
+        run.noise_states = list(noise) if noise is not None and len(noise) == actors else None
+        run.behaviour_weights = mine.get("behaviour_weights") if mine is not None else None
         run.load_state_dict(state)
         if not self.cfg.adaptive_lr:
             run.learning_rate = None  # a later resume with adaptive_lr starts from learning_rate, not a stale rate
@@ -278,6 +286,15 @@ def find_elastic_run(runs_dir: Path, run_id: str) -> Optional[str]:
     return max(found)[1] if found else None
 
 
+def run_name(cfg: Config, is_main: bool, restart_count: int, elastic_id: Optional[str]) -> Optional[str]:
+    """The run's name when it has one already: the configured one, or, for a group that torchelastic restarted
+    (--max-restarts), the run its first attempt started, which it continues from its latest checkpoint (rank 0
+    looks it up by the rendezvous id the first attempt recorded in config.yaml). None: a new run, named by rank 0."""
+    if cfg.run_name is None and is_main and restart_count > 0 and elastic_id:
+        return find_elastic_run(Path(cfg.runs_dir), elastic_id)
+    return cfg.run_name
+
+
 def elastic_restart() -> tuple[int, Optional[str]]:
     """(restart count, rendezvous id) of a torchelastic group; (0, None) outside torchrun."""
     if not D.under_torchrun():
@@ -286,9 +303,10 @@ def elastic_restart() -> tuple[int, Optional[str]]:
 
 
 def _restore_rank(
-    state: dict[str, Any], ctx: D.DistContext, learner: Learner, actors: int, notes: list[str]
-) -> Optional[list[torch.Tensor]]:
-    """Load the model, optimizer and RNG of this rank from a checkpoint; returns the actors' noise states.
+    state: dict[str, Any], ctx: D.DistContext, learner: Learner, notes: list[str]
+) -> Optional[dict[str, Any]]:
+    """Load the model, optimizer and RNG of this rank from a checkpoint; returns this rank's own state in it (its
+    actors' noise, the weights of its round in flight), None when the checkpoint has none for it.
 
     A checkpoint of the same world size holds every rank's own state (rank_states); another world size
     gives every rank rank 0's optimizer and generator, and fresh actor noise. With sync_mode "gradients" every rank
@@ -326,5 +344,4 @@ def _restore_rank(
     except RuntimeError:  # a CUDA generator's state on a CPU learner or the reverse: shapes differ
         if ctx.is_main:
             notes.append("the checkpoint's random generator states are of another device: reseeded from --seed")
-    noise = mine.get("actor_noise") if mine is not None else None
-    return list(noise) if noise is not None and len(noise) == actors else None
+    return mine

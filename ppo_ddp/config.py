@@ -53,6 +53,11 @@ class Config:
     param_sync_interval: int = 1
     """With sync_mode "params": average the learners' parameters every this many rounds (1: identical every
     round)."""
+    overlap: bool = False
+    """Overlapped rounds: the actors collect round k+1 while the learner updates on round k, instead of waiting for
+    it. Round k+1 then acts with the weights of round k-1 (one round of policy lag) and the statistics merged after
+    round k, and PPO's ratio is taken against the log-probs the actors stored (the behaviour policy). A round takes
+    about the longer of rollout and update instead of their sum (docs/design.md, "overlapped rounds")."""
     mp_start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How actor processes start; both are safe with CUDA and threads (fork is not)."""
     learner_threads: int = 1

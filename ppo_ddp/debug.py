@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from ppo_ddp.actor import ActorReport
 from ppo_ddp.checkpointer import rank_state
 from ppo_ddp.normalization import Moments
 
-if TYPE_CHECKING:  # the trainer calls this module: a type hint only, so the imports stay one-way
+if TYPE_CHECKING:  # the trainer calls this module: type hints only, so the imports stay one-way
+    from ppo_ddp.actor_pool import Rollout
     from ppo_ddp.trainer import Trainer
 
 DEBUG_DIR_ENV = "PPO_DDP_DEBUG_DIR"
@@ -39,10 +39,10 @@ class RoundRecorder:
         metrics: dict[str, float],
         frozen_obs_rms: Optional[Moments],
         adv_stats: Optional[tuple[float, float]],
-        reports: list[ActorReport],
+        rollout: Rollout,
     ) -> None:
         """This rank's view of the round (`rank{R}_iter{K}.pt`)."""
-        ctx, pool, run = trainer.ctx, trainer.pool, trainer.run
+        ctx, pool, run, buffers, reports = trainer.ctx, trainer.pool, trainer.run, rollout.buffers, rollout.reports
         own = rank_state(ctx, trainer.learner, run)
         self.out.mkdir(parents=True, exist_ok=True)
         torch.save(
@@ -51,10 +51,13 @@ class RoundRecorder:
                 "metrics": metrics,
                 "obs_rms": run.obs_rms.to_state() if run.obs_rms else None,
                 "frozen_obs_rms": frozen_obs_rms.to_state() if frozen_obs_rms else None,
-                "obs": pool.buffers.obs.clone(),
-                "advantages": pool.buffers.advantages.clone(),
-                "returns": pool.buffers.returns.clone(),
-                "values": pool.buffers.values.clone(),
+                "behaviour_params": rollout.weights.detach().cpu(),  # the weights the actors acted with
+                "obs": buffers.obs.clone(),
+                "actions": buffers.actions.clone(),
+                "logp": buffers.logp.clone(),
+                "advantages": buffers.advantages.clone(),
+                "returns": buffers.returns.clone(),
+                "values": buffers.values.clone(),
                 "value_rms": run.value_rms.to_state() if run.value_rms else None,
                 "learning_rate": trainer.learner.learning_rate,
                 "adv_stats": adv_stats,

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ppo_ddp.actor_pool import CLOSE_TIMEOUT, child_start_state, describe_exit, mp_context
+from ppo_ddp.children import CLOSE_TIMEOUT, child_start_state, describe_exit, mp_context
 from ppo_ddp.config import Config, ConfigError
 from ppo_ddp.envs import make_env, make_video_env
 from ppo_ddp.model import ActorCritic, num_parameters, read_flat_parameters, write_flat_parameters

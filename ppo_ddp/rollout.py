@@ -22,7 +22,8 @@ def prepare_action(sampled_action: ArrayT, action_low: ArrayT, action_high: Arra
         low = torch.as_tensor(action_low, dtype=sampled_action.dtype, device=sampled_action.device)
         high = torch.as_tensor(action_high, dtype=sampled_action.dtype, device=sampled_action.device)
         return sampled_action, torch.minimum(torch.maximum(sampled_action, low), high)
-    return sampled_action, np.clip(sampled_action, action_low, action_high)
+    env_action = np.maximum(sampled_action, action_low)  # np.clip's values, without its Python wrapper
+    return sampled_action, np.minimum(env_action, action_high, out=env_action)
 
 
 def compute_gae(
@@ -59,9 +60,20 @@ def compute_gae(
     bootstrap = (~terminated).to(dtype)
     continues = (~episode_end).to(dtype)
     deltas = rewards.to(dtype) + gamma * next_values.to(dtype) * bootstrap - values.to(dtype)
+    decay = gamma * gae_lambda * continues  # the same float32 products the recursion took one step at a time
     advantages = torch.empty_like(deltas)
-    running = torch.zeros_like(deltas[0])
-    for t in range(shape[0] - 1, -1, -1):
-        running = deltas[t] + gamma * gae_lambda * continues[t] * running
-        advantages[t] = running
+    _discounted_sum(deltas.numpy() if deltas.is_cpu else deltas, decay.numpy() if decay.is_cpu else decay,
+                    advantages.numpy() if advantages.is_cpu else advantages)  # fmt: skip
     return advantages, advantages + values.to(dtype)
+
+
+def _discounted_sum(deltas: ArrayT, decay: ArrayT, out: ArrayT) -> None:
+    """out[t] = deltas[t] + decay[t] * out[t + 1], out[T] = 0: GAE's recursion, backwards over the rows.
+
+    On CPU it runs on numpy views of the tensors: the same float32 operations one by one (no fused multiply-add
+    either way), so the same bits, without torch's per-op dispatch, which costs more than the arithmetic on an
+    actor's few columns (~1 us of every env step's ~40: docs/benchmarks/throughput.md)."""
+    running = 0.0
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        running = deltas[t] + decay[t] * running
+        out[t] = running

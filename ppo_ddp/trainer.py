@@ -2,7 +2,10 @@
 
 `Trainer.train` runs the rounds; each reads top to bottom in `_rounds` (docs/design.md, "a round"):
 
-    collect → agree → merge statistics → update → agree → average parameters → gather metrics → log and save
+    take the rollout → agree → merge statistics → start the next → update → agree → average parameters
+    → gather metrics → log and save
+
+When the actors collect is the schedule's (ppo_ddp/rounds.py): sync, or overlapped with the update (cfg.overlap).
 
 Each step is a call into the part that owns it: the actor pool (ppo_ddp/actor_pool.py), the agreement between
 ranks on stops and failures (ppo_ddp/agreement.py), the collectives (ppo_ddp/distributed.py), the PPO update
@@ -33,16 +36,17 @@ from ppo_ddp.agreement import Agreement, RunFailed, Stopped
 from ppo_ddp.buffers import BufferSpec
 from ppo_ddp.capacity import available_memory, check_round_fits, free_shared_memory
 from ppo_ddp.checkpoint import mean_policy
-from ppo_ddp.checkpointer import Checkpointer, RunState, elastic_restart, find_elastic_run
+from ppo_ddp.checkpointer import Checkpointer, RunState, elastic_restart, run_name
 from ppo_ddp.config import Config, minibatch_rows
 from ppo_ddp.debug import RoundRecorder
 from ppo_ddp.envs import make_env
 from ppo_ddp.evaluator import EVAL_FINISH_TIMEOUT, Evaluation, Evaluator
-from ppo_ddp.learner import Learner, RolloutBatch, adapted_learning_rate, annealed_learning_rate, check_finite
+from ppo_ddp.learner import Learner, adapted_learning_rate, annealed_learning_rate, check_finite
 from ppo_ddp.model import num_parameters
 from ppo_ddp.normalization import merge_rms_states, tensor_moments, value_scale
 from ppo_ddp.presets import describe
 from ppo_ddp.recurrent import make_model
+from ppo_ddp.rounds import Publication, Rounds
 from ppo_ddp.run_log import RunLogger, default_run_name, format_duration, open_run_folder
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
 from ppo_ddp.topology import cpu_learner_threads
@@ -64,7 +68,8 @@ class Trainer:
         D.broadcast_parameters(ctx, self.model)
         self.learner = Learner(cfg, self.model, ctx.device, functools.partial(D.average_, ctx))
         self.restart_count, self.elastic_id = elastic_restart()
-        self.run_name = D.broadcast_object(ctx, self._run_name())
+        name = run_name(cfg, ctx.is_main, self.restart_count, self.elastic_id)
+        self.run_name = D.broadcast_object(ctx, name or default_run_name(cfg.env_id, cfg.seed, time.time()))
         self.run_dir = Path(cfg.runs_dir) / self.run_name
         self.checkpointer = Checkpointer(cfg, ctx, self.run_dir, self.run_name, (obs_dim, act_dim))
         self.agreement = Agreement(ctx, stop, self.checkpointer.kept)
@@ -76,18 +81,9 @@ class Trainer:
         self.pool: Optional[ActorPool] = None
         self.evaluator: Optional[Evaluator] = None
 
-    def _run_name(self) -> str:
-        """A group that torchelastic restarted (--max-restarts) continues its run: the same name, resumed from
-        its latest checkpoint. The default name holds rank 0's start time, so a restarted rank 0 looks the
-        name up by the rendezvous id that the first attempt recorded in config.yaml."""
-        name = self.cfg.run_name
-        if name is None and self.ctx.is_main and self.restart_count > 0 and self.elastic_id:
-            name = find_elastic_run(Path(self.cfg.runs_dir), self.elastic_id)
-        return name or default_run_name(self.cfg.env_id, self.cfg.seed, time.time())
-
     # ---- the run --------------------------------------------------------------------------------------------
     def train(self) -> None:
-        ckpt = self.checkpointer
+        ckpt, run = self.checkpointer, self.run
         try:
             with contextlib.ExitStack() as stack:
                 notes = self._resume()
@@ -104,7 +100,8 @@ class Trainer:
                 self.agreement.settle()
                 self._say_start(notes)
                 self._finish_compile(compiling)
-                stopped = self._rounds(self.pool)
+                self.rounds = Rounds(self.cfg, self.pool, self.ctx.device, self.num_iterations, self._publication, run)
+                stopped = self._rounds()
                 if stopped:
                     ckpt.save_at_stop(self.learner, self.run)
                     self.stop.finish()
@@ -139,28 +136,29 @@ class Trainer:
                 print(f"train.py: error: rank {self.ctx.rank}: {D.lost_contact(e)}", file=sys.stderr, flush=True)
             raise RunFailed(str(e), 1) from None
 
-    def _rounds(self, pool: ActorPool) -> int:
+    def _rounds(self) -> int:
         """Train round after round; returns the signal that stopped the run, or 0 when every round ran."""
         run, agree = self.run, self.agreement
         first = run.iteration + (0 if self.seeding else 1)
         self.rate_start = time.time(), run.global_step  # SPS and the ETA: the trained rounds', not the start-up's
         for iteration in range(first, self.num_iterations + 1):
-            rollout = agree.own_work(self._collect, pool)  # 1-3: this rank's actors sample
+            rollout = agree.own_work(self.rounds.take, iteration)  # 1-3: this rank's actors sample
             stopped = agree.settle(with_stop=True)  # a stop drops the fresh rollout: it changed nothing yet
             if stopped:
                 return stopped
             frozen_obs_rms = run.obs_rms  # the statistics the actors used this round
             adv_stats = self._merge_statistics(rollout)  # 4: over all actors of all ranks, one collective
+            agree.own_work(self.rounds.start_next, iteration)  # overlapped: the next round collects from here on
             if self.seeding and iteration == first:
                 run.global_step += self.steps_per_round  # round 0 seeds the statistics and trains nothing
-                self._record(iteration, {}, None, None, rollout.reports)
+                self._record(iteration, {}, None, None, rollout)
                 self.rate_start = time.time(), run.global_step  # the rate starts with the first trained round
                 continue
             metrics = agree.own_work(self._update, rollout, adv_stats, iteration)  # 5: PPO on this rank's data
             agree.settle()  # a failed or non-finite update stops every rank before weights are averaged
             if self._averages_parameters(iteration):
                 D.average_(self.ctx, self.learner.flat_params.detach())  # 6
-            self._record(iteration, metrics, frozen_obs_rms, adv_stats, rollout.reports)
+            self._record(iteration, metrics, frozen_obs_rms, adv_stats, rollout)
             metrics, improved = self._gather_metrics(iteration, metrics, rollout)  # 7: averaged over ranks
             self._log_and_save(metrics, improved)  # 8: rank 0 logs; the checkpointer decides what to save
             self._evaluate(iteration)  # 9: every eval_interval rounds, in the evaluator process; not waited for
@@ -174,17 +172,15 @@ class Trainer:
             return False
         return iteration % self.cfg.param_sync_interval == 0 or iteration == self.num_iterations
 
-    def _collect(self, pool: ActorPool) -> Rollout:
+    def _publication(self) -> Publication:
+        """What a round starting now acts with: this rank's weights and the statistics merged so far."""
         cfg, run = self.cfg, self.run
-        start = time.time()
-        reports = pool.collect(
-            self.model,
+        return (
+            self.learner.flat_params,
             run.obs_rms if cfg.normalize_obs else None,
             run.ret_rms if cfg.normalize_reward else None,
             run.value_rms if cfg.normalize_value else None,
         )
-        seconds = time.time() - start
-        return Rollout(reports, RolloutBatch.from_buffers(pool.buffers, self.ctx.device, cfg.reward_clip), seconds)
 
     def _merge_statistics(self, rollout: Rollout) -> Optional[tuple[float, float]]:
         """Merge this round's increments over all actors of all ranks into the history, once; returns the
@@ -297,9 +293,9 @@ class Trainer:
             evaluation = {"iteration": done.iteration, "global_step": done.global_step, **done.metrics()}
             self.agreement.own_work(self.checkpointer.write, self.checkpointer.best, then, states, evaluation)
 
-    def _record(self, iteration: int, metrics: dict[str, float], frozen_obs_rms, adv_stats, reports) -> None:
+    def _record(self, iteration: int, metrics: dict[str, float], frozen_obs_rms, adv_stats, rollout: Rollout) -> None:
         if self.recorder is not None:
-            self.recorder.record(self, iteration, metrics, frozen_obs_rms, adv_stats, reports)
+            self.recorder.record(self, iteration, metrics, frozen_obs_rms, adv_stats, rollout)
 
     # ---- before the first round -----------------------------------------------------------------------------
     def _resume(self) -> list[str]:

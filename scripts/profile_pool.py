@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np  # noqa: E402
 from bench_rollout import pool_rate  # noqa: E402
 
-from ppo_ddp.actor_pool import SINGLE_THREAD_ENV  # noqa: E402
+from ppo_ddp.children import SINGLE_THREAD_ENV  # noqa: E402
 from ppo_ddp.config import Config  # noqa: E402
 from ppo_ddp.configure import parse_config  # noqa: E402
 from ppo_ddp.envs import make_env  # noqa: E402

@@ -453,12 +453,15 @@ FAULTS = {
     ),
     "actor killed": (None, r"rank 1 actor 0 \(pid \d+\) died unexpectedly, exit code -9 \(killed by SIGKILL\)"),
 }
+FAULTS["actor killed, overlapped rounds"] = FAULTS["actor killed"]  # killed while the learner updates, maybe
+FAULTS["actor exception, overlapped rounds"] = FAULTS["actor exception"]  # round 3 fails during round 2's update
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_fault_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(fault, tmp_path):
     env_id, message = FAULTS[fault]
     extra = ["--env-id", env_id, "--seed", "7"] if env_id else []
+    extra += ["--overlap"] if "overlapped" in fault else []
     run = Launch(torchrun(tmp_path, "f", 40, *extra), tmp_path, "f", debug=tmp_path / "debug")
     run.wait_for_dump(1, 2)
     if env_id is None:

@@ -1,0 +1,151 @@
+"""Digests of what an in-process Actor writes, round after round, in scenarios that reach every path of its loop.
+
+tests/test_actor_identity.py compares them with tests/data/rollout_digests.json, written by the actor of commit
+cf789fc (issue 44's base): a faster actor must write the same rollouts, field by field and bit for bit. To write
+the file again (only when a change is meant to change the numbers, and the commit message says so):
+
+    python tests/rollout_digests.py --write
+
+Each scenario runs ROUNDS rounds of one actor with new weights every round (torch's seed k) and, from round 1 on,
+the statistics the previous rounds' reports merge to (as training freezes them), so normalisation, reward
+scaling and a normalised critic all run. The digest of a round covers every rollout field the config writes, and
+the report: episodes, the moments, the noise generator's state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+import scripted_env  # noqa: E402,F401  (registers the scripted ids)
+
+from ppo_ddp.actor import Actor  # noqa: E402
+from ppo_ddp.buffers import BufferSpec, SharedBuffers  # noqa: E402
+from ppo_ddp.config import Config  # noqa: E402
+from ppo_ddp.envs import make_env  # noqa: E402
+from ppo_ddp.model import num_parameters, write_flat_parameters  # noqa: E402
+from ppo_ddp.normalization import Moments, merge_rms_states  # noqa: E402
+from ppo_ddp.recurrent import make_model  # noqa: E402
+
+DIGEST_FILE = TESTS_DIR / "data" / "rollout_digests.json"
+SCRIPTED = "scripted_env:Scripted-v0"
+VALUE_RMS = Moments(np.array(3.0), np.array(25.0), 100.0)
+
+SCENARIOS: dict[str, tuple[dict, int]] = {
+    # name: (Config fields, rounds). HalfCheetah's 1000-step episodes truncate in round 15 (64 steps a round).
+    "halfcheetah": (dict(env_id="HalfCheetah-v5", envs_per_actor=2, rollout_length=64), 17),
+    "hopper_terminations": (dict(env_id="Hopper-v5", envs_per_actor=4, rollout_length=48), 4),
+    "ant_no_reward_scaling": (
+        dict(env_id="Ant-v5", envs_per_actor=3, rollout_length=32, normalize_reward=False, normalize_value=False),
+        3,
+    ),
+    "scripted_recompute": (
+        dict(env_id=SCRIPTED, envs_per_actor=3, rollout_length=12, recompute_advantages=True, hidden_sizes=(16,)),
+        4,
+    ),
+    "scripted_gru": (
+        dict(
+            env_id=SCRIPTED,
+            envs_per_actor=3,
+            rollout_length=12,
+            policy="gru",
+            seq_length=4,
+            rnn_hidden_size=8,
+            hidden_sizes=(16,),
+        ),  # fmt: skip
+        4,
+    ),
+    "hopper_gru": (
+        dict(env_id="Hopper-v5", envs_per_actor=2, rollout_length=32, policy="gru", seq_length=8, rnn_hidden_size=16),
+        3,
+    ),
+}
+
+
+def machine() -> dict:
+    """What the numbers depend on beyond the code: numpy's SIMD (its matmul's kernels) and the library versions."""
+    import mujoco
+    from numpy._core._multiarray_umath import __cpu_features__
+
+    features = sorted(name for name, found in __cpu_features__.items() if found and name.startswith("AVX512"))
+    return {"numpy": np.__version__, "torch": torch.__version__, "mujoco": mujoco.__version__, "avx512": features}
+
+
+def _digest(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def scenario_digests(name: str) -> list[dict[str, str]]:
+    """The digests of each round of one scenario: {field: digest}, the report's parts included."""
+    fields, rounds = SCENARIOS[name]
+    cfg = Config(**{"actors_per_gpu": 1, "num_minibatches": 1, "seed": 5, **fields})
+    probe = make_env(cfg.env_id)
+    obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
+    probe.close()
+    torch.manual_seed(0)
+    model = make_model(cfg, obs_dim, act_dim)
+    buffers = SharedBuffers.create(BufferSpec.for_config(cfg, 1, obs_dim, act_dim, num_parameters(model)))
+    actor = None
+    out = []
+    try:
+        actor = Actor(cfg, 1, 0, buffers)
+        obs_rms = ret_rms = None
+        for k in range(rounds):
+            torch.manual_seed(k + 1)
+            model = make_model(cfg, obs_dim, act_dim)
+            with torch.no_grad():
+                model.actor_logstd.fill_(-0.5 + 0.1 * k)
+            write_flat_parameters(model, buffers.weights)
+            buffers.write_stats(obs_rms, ret_rms, VALUE_RMS if k % 2 else None)
+            buffers.fill_sentinel()
+            report = actor.sample(k)
+            row = {f: _digest(buffers.arrays[f][0]) for f in buffers.spec.rollout_fields()}
+            row["episodes"] = _digest(np.array(report.episode_returns), np.array(report.episode_lengths))
+            row["obs_moments"] = _digest(
+                report.obs_moments.mean, report.obs_moments.var, np.array(report.obs_moments.count)
+            )
+            if report.return_moments is not None:
+                m = report.return_moments
+                row["return_moments"] = _digest(np.asarray(m.mean), np.asarray(m.var), np.array(m.count))
+            row["noise_state"] = _digest(report.noise_state)
+            out.append(row)
+            obs_rms = merge_rms_states([obs_rms, report.obs_moments] if obs_rms else [report.obs_moments])
+            if report.return_moments is not None:
+                ret_rms = merge_rms_states([ret_rms, report.return_moments] if ret_rms else [report.return_moments])
+    finally:
+        if actor is not None:
+            actor.close()
+        buffers.close()
+    return out
+
+
+def all_digests() -> dict:
+    return {"machine": machine(), "scenarios": {name: scenario_digests(name) for name in SCENARIOS}}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"write {DIGEST_FILE.relative_to(TESTS_DIR.parent)}")
+    args = parser.parse_args()
+    digests = all_digests()
+    if args.write:
+        DIGEST_FILE.parent.mkdir(exist_ok=True)
+        DIGEST_FILE.write_text(json.dumps(digests, indent=1) + "\n")
+        print(f"wrote {DIGEST_FILE}")
+    else:
+        print(json.dumps(digests, indent=1))
