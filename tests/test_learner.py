@@ -274,3 +274,45 @@ def test_recomputed_advantages_are_those_of_the_critic_each_epoch_starts_with():
     without, _ = make(dataclasses.replace(cfg, recompute_advantages=False))
     without.train_step(dataclasses.replace(batch, steps=None), local_mean_std)
     assert not torch.allclose(without.params, learner.params, atol=1e-5)
+
+
+# ---- the decoupled objective (overlapped rounds, cfg.lag_objective) --------------------------------------------
+def test_the_decoupled_loss_is_ppos_clip_around_the_proximal_policy_weighted_by_it():
+    """Hilton, Cobbe & Schulman (2022): E[pi_prox / pi_behav * max(-A r, -A clip(r))], r = pi / pi_prox. Equal to
+    the behaviour loss where the proximal policy is the behaviour one; elsewhere the textbook formula."""
+    from ppo_ddp.ppo_step import Minibatch, PPOStep
+
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, ACT)
+    batch = make_batch(model)
+    mb = Minibatch(batch.obs, batch.actions, batch.logp, batch.values, -batch.advantages, batch.returns)
+    params = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    params = params + 0.05 * torch.randn(params.shape, generator=torch.Generator().manual_seed(1))
+    behaviour = PPOStep(Config(overlap=True), model)
+    decoupled = PPOStep(Config(overlap=True, lag_objective="decoupled"), model)
+    same = dataclasses.replace(mb, prox_logp=mb.old_logp)
+    assert torch.equal(decoupled.loss(params, same)[0], behaviour.loss(params, mb)[0])
+
+    prox = mb.old_logp + 0.3 * torch.randn(B, generator=torch.Generator().manual_seed(2))
+    pg_loss = decoupled.loss(params, dataclasses.replace(mb, prox_logp=prox))[1][0][0]
+    views = [t.view(p.shape) for p, t in zip(model.parameters(), params.split([p.numel() for p in model.parameters()]))]
+    new_logp = model.evaluate(mb.obs, mb.actions, views)[0]
+    r = (new_logp - prox).exp()
+    expected = ((prox - mb.old_logp).exp() * torch.max(mb.neg_adv * r, mb.neg_adv * r.clamp(0.8, 1.2))).mean()
+    torch.testing.assert_close(pg_loss, expected)
+
+
+def test_the_decoupled_update_takes_the_log_probs_of_the_weights_it_starts_from():
+    """Its first mini-batch starts at the proximal policy: the ratio is exactly 1 there whatever acted, so approx_kl
+    of a one-step update is 0 though the stored log-probs are another policy's."""
+    learner, batch = make(Config(update_epochs=1, num_minibatches=1, overlap=True, lag_objective="decoupled"))
+    stale = dataclasses.replace(batch, logp=batch.logp - 0.5)  # as if another policy had acted
+    m = learner.train_step(stale, local_mean_std)
+    assert abs(m["losses/approx_kl"]) < 1e-6 and m["losses/clipfrac"] == 0.0
+
+
+def test_a_decoupled_objective_needs_overlapped_rounds():
+    from ppo_ddp.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="lag_objective='decoupled': applies to overlapped rounds: add --overlap"):
+        validate(Config(lag_objective="decoupled"), check_env=False)
