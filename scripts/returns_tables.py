@@ -97,6 +97,14 @@ def is_partial(row: dict[str, str]) -> bool:
     return row["env"].startswith(PARTIAL_PREFIX)
 
 
+OVERLAP_FLAGS = ("--overlap", "--overlap --lag-objective decoupled")
+"""The extra flags of the overlapped-rounds A/B (issue 44): each against the preset's own sync rows."""
+
+
+def is_overlap(row: dict[str, str]) -> bool:
+    return " ".join(shape_flags(row["extra_args"])) in OVERLAP_FLAGS
+
+
 def gym_1m_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     """The rows of the 1M tables: gymnasium's fully observed MuJoCo envs, not the 10M presets."""
     return [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
@@ -169,11 +177,44 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         two = _preset_cell([r for r in mine if r["world_size"] == "2"])
         lines.append(f"| {env_id} | {one} | {figure} | {source} | {commits} | {two} |")
     lines += ["", "![learning curves](returns.png)", ""]
-    lines += _world_size_table(small)
+    lines += _overlap_table(small)
+    lines += _world_size_table([r for r in small if not is_overlap(r)])
     lines += _scale_table([r for r in rows if is_scale(r)])
     lines += _partial_table(rows)
     lines += _dmc_table([r for r in rows if is_dmc(r) and not is_scale(r) and int(r["world_size"]) == 1])
     path.write_text("\n".join(lines))
+
+
+def _overlap_table(rows: list[dict[str, str]]) -> list[str]:
+    """Overlapped rounds against sync ones: one learner, the preset as it is and with each of OVERLAP_FLAGS, seeds
+    1-3 of the same code; the ratio of the means (the default changes at >= 0.95 on every env)."""
+    ab = [r for r in rows if r["world_size"] == "1" and r["seed"] in BENCHMARK_SEEDS and row_key(r)[4] == "params"]
+    envs = [env for env in REFERENCE if any(r["env"] == env and is_overlap(r) for r in ab)]
+    if not envs:
+        return []
+    lines = [
+        "## Overlapped rounds (`--overlap`), 1M env steps, 1 learner",
+        "",
+        "The learner updates on round k while its actors collect round k+1 with the weights of round k-1 "
+        '(docs/design.md, "Overlapped rounds"). Each preset as it is (sync) and with the flags, seeds 1-3; the '
+        "ratio is the mean's over sync's. The commits are the code that ran each column.",
+        "",
+        "| env | sync (seeds) | `--overlap` (seeds) | ratio | `--overlap --lag-objective decoupled` (seeds) | ratio "
+        "| commits |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for env_id in envs:
+        mine = [r for r in ab if r["env"] == env_id]
+        columns = [[r for r in mine if not r["extra_args"]]]
+        columns += [[r for r in mine if " ".join(shape_flags(r["extra_args"])) == f] for f in OVERLAP_FLAGS]
+        base = np.mean([float(r["eval_mean"]) for r in columns[0]]) if columns[0] else math.nan
+        cells = [_cell(columns[0], 10**6)]
+        for got in columns[1:]:
+            mean = np.mean([float(r["eval_mean"]) for r in got]) if got else math.nan
+            cells += [_cell(got, 10**6), f"{mean / base:.2f}" if got and columns[0] else "—"]
+        commits = ", ".join(sorted({r["commit"] for column in columns for r in column}))
+        lines.append(f"| {env_id} | {' | '.join(cells)} | {commits} |")
+    return lines + ["", "![overlapped rounds](overlap.png)", ""]
 
 
 def _world_size_table(rows: list[dict[str, str]]) -> list[str]:
@@ -304,7 +345,13 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     worlds = [
         (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(shape_flags(r['extra_args']))}".strip(), r)
         for r in rows
-        if not is_scale(r) and r["env"] in envs
+        if not is_scale(r) and r["env"] in envs and not is_overlap(r)
     ]
+    overlap_envs = {r["env"] for r in small if is_overlap(r)}
+    ab = [r for r in small if r["env"] in overlap_envs and r["world_size"] == "1" and r["seed"] in BENCHMARK_SEEDS]
+    ab = [r for r in ab if row_key(r)[4] == "params" and (is_overlap(r) or not r["extra_args"])]
+    if ab:
+        labelled = [(f"{r['env']}, {' '.join(shape_flags(r['extra_args'])) or 'sync'}", r) for r in ab]
+        plot_curves(curves(labelled), out_dir / "overlap.png")
     if worlds:
         plot_curves(curves(worlds), out_dir / "world_sizes.png")

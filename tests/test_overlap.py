@@ -119,6 +119,17 @@ def test_a_stopped_overlapped_run_resumes_with_the_round_it_had_in_flight(tmp_pa
         assert a["losses/policy_loss"] == b["losses/policy_loss"] and a["losses/approx_kl"] == b["losses/approx_kl"]
 
 
+def test_a_gru_policy_trains_overlapped(tmp_path):
+    """A GRU's rollout (chunk states, episode starts) through both slots, 2 ranks averaging parameters."""
+    gru = ["--policy", "gru", "--seq-length", "4", "--rnn-hidden-size", "8", "--hidden-sizes", "16"]
+    run = Launch(torchrun(tmp_path, "g", 3, "--overlap", *gru), tmp_path, "g", debug=tmp_path / "debug")
+    assert run.wait() == 0, run.output()
+    for k in (1, 2, 3):
+        a, b = dump(tmp_path / "debug", 0, k), dump(tmp_path / "debug", 1, k)
+        assert torch.equal(a["behaviour_params"], dump(tmp_path / "debug", 0, behaviour_round(k))["params"]), k
+        assert torch.equal(a["params"], b["params"]), k
+
+
 def test_two_rollout_slots_are_two_regions_of_one_block():
     spec = BufferSpec.for_config(Config(overlap=True, envs_per_actor=2, rollout_length=4), 2, 3, 2, 10)
     assert spec.slots == 2
