@@ -14,7 +14,9 @@ each costs:
    state the bodies go through, their contacts, how often they fall and reset).
 4. `actor`: ppo_ddp's Actor itself, `Actor.sample` round after round with the preset's config and frozen
    statistics (the policy's forward, normalisation, GAE, the rollout's writes), no learner. Its time is split into
-   the env calls (step and reset), the policy's forward, and the rest.
+   the env calls (step and reset), the policy's forward, and the rest. Then the actions it took are replayed in
+   plain envs seeded as its own: the same states, so the env's own work on them (a policy's states can cost MuJoCo
+   more or less per step than uniform actions'), and the actor's rate over that replay is what the actor adds.
 5. `pool`: the preset's ActorPool (its actors_per_gpu actors in their own processes) collecting rounds with fixed
    weights, no learner (scripts/bench_rollout.py's measurement): adds the round's start and end, where every
    actor waits for the slowest.
@@ -131,25 +133,62 @@ def actor_rate(cfg: Config, seconds: float, seed: int, top: int = 0) -> tuple[fl
         buffers.write_stats(None, None, None)
         actor = Actor(cfg, seed, 0, buffers)  # rank = seed: each process its own env seeds
         first = actor.sample(0)  # the first reset, and statistics to freeze, as round 0 of a run
+        acted = [env_actions(actor)]
         buffers.write_stats(first.obs_moments, first.return_moments, None)
         totals = {"env": 0.0, "policy": 0.0}
         actor.envs = [_Timed(env, totals, "env") for env in actor.envs]
         actor.kernel = _Timed(actor.kernel, totals, "policy")
-        steps, rounds, start = 0, 0, time.perf_counter()
-        while time.perf_counter() < start + seconds:
+        steps, rounds, elapsed = 0, 0, 0.0
+        while elapsed < seconds:
+            start = time.perf_counter()
             actor.sample(rounds + 1)
+            elapsed += time.perf_counter() - start
+            acted.append(env_actions(actor))
             steps += cfg.rollout_length * cfg.envs_per_actor
             rounds += 1
-        elapsed = time.perf_counter() - start
         split = {k: v / elapsed for k, v in totals.items()}
         split["rest"] = 1.0 - sum(split.values())
         if top:
             profile(actor, rounds, top)
+        split[REPLAY] = replay_rate(cfg, seed, acted)
         return steps / elapsed, split
     finally:
         if actor is not None:
             actor.close()
         buffers.close()
+
+
+REPLAY = "replay"
+"""actor_rate's key for the rate of its own actions replayed in plain envs (not a share of its time)."""
+
+
+def env_actions(actor) -> np.ndarray:
+    """The actions the actor's envs got in its last round, [T, E, act_dim] (the stored samples, clipped)."""
+    return np.clip(actor.out["actions"], actor.action_low, actor.action_high)
+
+
+def replay_rate(cfg: Config, rank: int, acted: list[np.ndarray]) -> float:
+    """Env steps per second of plain envs seeded as the actor's, stepped with the actions it took: the same states,
+    so the same MuJoCo work, without the actor (its first round replayed untimed, as the actor's was)."""
+    from ppo_ddp.envs import env_seed
+
+    envs = [make_env(cfg.env_id) for _ in range(cfg.envs_per_actor)]
+    try:
+        for e, env in enumerate(envs):
+            env.reset(seed=env_seed(cfg.seed, rank, 0, e))
+        elapsed = 0.0
+        for k, actions in enumerate(acted):
+            start = time.perf_counter()
+            for row in actions:
+                for env, action in zip(envs, row):
+                    _, _, terminated, truncated, _ = env.step(action)
+                    if terminated or truncated:
+                        env.reset()
+            elapsed += (time.perf_counter() - start) if k else 0.0
+        return sum(a.shape[0] * a.shape[1] for a in acted[1:]) / elapsed
+    finally:
+        for env in envs:
+            env.close()
 
 
 def profile(actor, rounds: int, top: int) -> None:
@@ -222,7 +261,11 @@ def main(argv: list[str] | None = None) -> None:
         (f"actor ({E} envs, no learner)", actor_rate, (cfg, args.seconds)),
     ):
         rate, split = side_by_side(n, fn, *fn_args)
+        replayed = split.pop(REPLAY, None)
         show(name, rate, split)
+        if replayed is not None:  # the env's work on the actor's own states: what the actor adds is the rest
+            show("  its actions replayed in plain envs", replayed * n, {})
+            print(f"  the actor at {rate / (replayed * n):.3f} of its replay", flush=True)
     probe = make_env(cfg.env_id)
     dims = probe.observation_space.shape[0], probe.action_space.shape[0]
     probe.close()

@@ -210,7 +210,10 @@ def test_profile_pool_end_to_end_on_a_tiny_budget():
     names = [row.split("  ")[0] for row in rows]
     assert names[:4] == ["1 env, uniform actions (the limit)", "2 envs, uniform actions", "2 envs, policy actions",
                          "actor (2 envs, no learner)"], names  # fmt: skip
-    assert names[4].startswith("pool (") and len(rows) == 5
+    assert rows[4].startswith("  its actions replayed in plain envs")  # the actor's own states, without it
+    assert names[5].startswith("pool (") and len(rows) == 6
+    replay = next(line for line in proc.stdout.splitlines() if line.startswith("  the actor at "))
+    assert 0 < float(replay.split()[3]) < 2, replay  # the actor's rate over its replay's
     rates = [float(row.split("steps/s")[0].split()[-1].replace(",", "")) for row in rows]
     ratios = [float(row.split("steps/s")[1].split()[0]) for row in rows]
     for rate, ratio in zip(rates, ratios):
