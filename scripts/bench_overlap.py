@@ -1,0 +1,99 @@
+"""The README's quickstart, whole process, against a base revision, sync and overlapped, side by side in one run.
+
+    python scripts/bench_overlap.py --base cf789fc              # 1M steps each, two passes
+    python scripts/bench_overlap.py --base cf789fc --steps 200000 --passes 1
+
+Run it alone on the machine: every figure is a wall-clock time. Each pass runs, one after the other:
+
+- base: `python train.py` in the base revision (a git worktree), the defaults (HalfCheetah-v5's preset, 1M steps,
+  evaluation every 50 rounds);
+- sync: the same in this checkout;
+- overlap: this checkout with `--overlap` (the actors collect round k+1 while the learner updates on round k);
+- overlap, 1 actor x 16 envs: the same round (2048 samples) from one actor, so that on a 2-core machine the actor
+  and the learner each have a core.
+
+The compiled step is cached first (one short run of each tree), so every timed run starts warm. Prints one line
+per run (wall seconds of the whole process, SPS over it, the mean rollout and update seconds of a round as
+metrics.csv logs them, the final evaluation) and, as its last line, `ratio <best of this checkout / base>`, each
+from its fastest pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {
+    "sync": [],
+    "overlap": ["--overlap"],
+    "overlap, 1 actor x 16 envs": ["--overlap", "--actors-per-gpu", "1", "--envs-per-actor", "16"],
+}
+
+
+def train(tree: Path, work: Path, name: str, flags: list[str]) -> dict:
+    """train.py in tree to its end: wall seconds, steps, mean rollout and update seconds, the last evaluation."""
+    cmd = [sys.executable, "train.py", "--runs-dir", str(work), "--run-name", name, *flags]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, timeout=7200)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_overlap.py: {name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    with open(work / name / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    timed = [r for r in rows if r.get("charts/train_seconds")][2:]
+    evals = [line for line in proc.stdout.splitlines() if line.startswith("eval of round")]
+
+    def mean(key: str) -> float:
+        return sum(float(r[key]) for r in timed) / max(len(timed), 1)
+
+    return {
+        "wall": wall,
+        "steps": int(rows[-1]["global_step"]),
+        "rollout": mean("charts/rollout_seconds"),
+        "update": mean("charts/train_seconds"),
+        "eval": evals[-1].split(": ", 1)[1].split(" over")[0] if evals else "n/a",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", required=True, help="the git revision to compare with")
+    parser.add_argument("--steps", type=int, default=1_000_000, help="total_timesteps of each run")
+    parser.add_argument("--passes", type=int, default=2, help="times each run is repeated, alternating")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench_overlap_") as tmp:
+        tmp = Path(tmp)
+        base = tmp / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True)
+        try:
+            run(args, base, tmp)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+
+
+def run(args: argparse.Namespace, base: Path, tmp: Path) -> None:
+    runs = [("base", base, [])] + [(label, ROOT, flags) for label, flags in VARIANTS.items()]
+    for label, tree, flags in runs:  # the compiled step into inductor's cache, for every tree and shape
+        train(tree, tmp, "warm_" + label.replace(" ", "_").replace(",", ""), [*flags, "--total-timesteps", "8192"])
+    sps: dict[str, float] = {}
+    for n in range(args.passes):
+        for label, tree, flags in runs:
+            name = f"p{n}_" + label.replace(" ", "_").replace(",", "")
+            r = train(tree, tmp, name, [*flags, "--total-timesteps", str(args.steps)])
+            sps[label] = max(sps.get(label, 0.0), r["steps"] / r["wall"])
+            rate = f"{r['wall']:6.1f} s whole process  {r['steps'] / r['wall']:7,.0f} SPS"
+            rounds = f"round: rollout {r['rollout']:.3f} s, update {r['update']:.3f} s"
+            print(f"pass {n + 1}  {label:28s} {rate}  {rounds}  eval {r['eval']}", flush=True)
+    for label in VARIANTS:
+        print(f"{label}/base {sps[label] / sps['base']:.2f}x SPS (fastest passes)")
+    print(f"ratio {max(sps[label] for label in VARIANTS) / sps['base']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
