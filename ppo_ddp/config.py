@@ -58,11 +58,6 @@ class Config:
     it. Round k+1 then acts with the weights of round k-1 (one round of policy lag) and the statistics merged after
     round k, and PPO's ratio is taken against the log-probs the actors stored (the behaviour policy). A round takes
     about the longer of rollout and update instead of their sum (docs/design.md, "overlapped rounds")."""
-    lag_objective: Literal["behaviour", "decoupled"] = "behaviour"
-    """With overlap, what PPO's ratio is taken against. "behaviour": the log-probs the actors stored, as APPO does (the
-    clip is around the weights that acted). "decoupled": Hilton, Cobbe & Schulman (2022): the clip is around the
-    weights at the update's start (one more forward pass over the round), each sample weighted by their probability
-    over the behaviour policy's."""
     mp_start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How actor processes start; both are safe with CUDA and threads (fork is not)."""
     learner_threads: int = 1
@@ -294,8 +289,6 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail(
             "param_sync_interval", cfg.param_sync_interval, 'must be 1 with sync_mode "gradients" (ranks never differ)'
         )
-    if cfg.lag_objective != "behaviour" and not cfg.overlap:
-        raise _fail("lag_objective", cfg.lag_objective, "applies to overlapped rounds: add --overlap")
     if cfg.recompute_advantages and cfg.policy == "gru":
         raise _fail("recompute_advantages", True, 'needs policy "mlp" (a GRU\'s values depend on its state)')
     if not cfg.hidden_sizes or any(h <= 0 for h in cfg.hidden_sizes):

@@ -200,10 +200,7 @@ class Learner:
         dims = ((*steps, model.obs_dim), (*steps, model.act_dim), steps, steps, steps, steps)
         if self.cfg.policy == "gru":
             dims += ((self.cfg.rnn_hidden_size,), steps)
-        example = Minibatch(*(torch.zeros(rows, *d, device=self.device) for d in dims))
-        if self.ppo.decoupled:
-            example.prox_logp = torch.zeros(rows, *steps, device=self.device)
-        return example
+        return Minibatch(*(torch.zeros(rows, *d, device=self.device) for d in dims))
 
     def _state(self) -> list[torch.Tensor]:
         """The tensors a step changes: compile() runs one on example data and puts them back as they were."""
@@ -236,7 +233,6 @@ class Learner:
         # Each epoch gathers the round in its shuffled order once, so that mini-batches are contiguous slices
         # (views) instead of six index ops each; the samples of each mini-batch are the same either way.
         # The advantages are negated once here rather than twice in every mini-batch (-a * r is (-a) * r).
-        names = ["obs", "actions", "old_logp", "old_values", "neg_adv", "returns"]  # Minibatch's fields
         columns = [
             batch.obs,
             batch.actions,
@@ -245,11 +241,7 @@ class Learner:
             *self._targets(batch, global_mean_std, value_stats),
         ]
         if batch.hidden is not None:
-            names += ["hidden", "episode_start"]
             columns += [batch.hidden, batch.episode_start]
-        if self.ppo.decoupled:
-            names.append("prox_logp")
-            columns.append(self._log_probs(batch))
         # contiguous whatever the columns are: the compiled step was traced on contiguous mini-batches
         shuffled = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in columns]
         losses: list[torch.Tensor] = []  # [pg, v, entropy] of each mini-batch
@@ -263,7 +255,7 @@ class Learner:
                 torch.index_select(column, 0, permutation, out=out)
             for start in range(0, rows, minibatch_size):
                 step_losses, log_ratio = self._minibatch_step(
-                    Minibatch(**{n: c[start : start + minibatch_size] for n, c in zip(names, shuffled)})
+                    Minibatch(*(c[start : start + minibatch_size] for c in shuffled))
                 )
                 losses.append(step_losses)
                 log_ratios.append(log_ratio)
@@ -292,13 +284,6 @@ class Learner:
             "charts/buffer_size": float(buffer_size),
             "charts/learning_rate": self.learning_rate,
         }
-
-    @torch.no_grad()
-    def _log_probs(self, batch: RolloutBatch) -> torch.Tensor:
-        """The round's log-probs under the current weights (the decoupled objective's proximal policy)."""
-        rows = Minibatch(batch.obs, batch.actions, batch.logp, batch.values, batch.advantages, batch.returns,
-                         batch.hidden, batch.episode_start)  # fmt: skip
-        return self.model.evaluate_minibatch(rows, list(self.model.parameters()))[0]
 
     def _targets(
         self, batch: RolloutBatch, global_mean_std: GlobalMeanStd, value_stats: Optional[tuple[float, float]]

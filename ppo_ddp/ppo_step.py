@@ -45,8 +45,6 @@ class Minibatch:
     """[C, H]: the GRU states entering each chunk (policy "gru")."""
     episode_start: Optional[torch.Tensor] = None
     """[C, L], 1.0 where the step starts an episode (policy "gru")."""
-    prox_logp: Optional[torch.Tensor] = None
-    """Log-probs under the weights at the update's start (the decoupled objective, cfg.lag_objective)."""
 
 
 class FlatAdam:
@@ -94,7 +92,6 @@ class PPOStep:
         self.shapes = [p.shape for p in model.parameters()]
         self.sizes = [p.numel() for p in model.parameters()]
         self.clip_vloss = cfg.clip_vloss
-        self.decoupled = cfg.overlap and cfg.lag_objective == "decoupled"
         # The coefficients as one tensor, an input of the compiled graph rather than constants baked into it:
         # configs that differ only in them (a search's trials, the tests) share one compiled step in the cache.
         device = next(model.parameters()).device
@@ -106,13 +103,10 @@ class PPOStep:
         views = [t.view(shape) for shape, t in zip(self.shapes, params.split(self.sizes))]
         new_logp, entropy, new_value = self.model.evaluate_minibatch(mb, views)
         clip_coef, ent_coef, vf_coef = self.coefs[0], self.coefs[1], self.coefs[2]
-        log_ratio = new_logp - (mb.prox_logp if self.decoupled else mb.old_logp)
+        log_ratio = new_logp - mb.old_logp
         ratio = log_ratio.exp()
         clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
-        pg = torch.max(mb.neg_adv * ratio, mb.neg_adv * clipped_ratio)
-        if self.decoupled:  # clipped around the proximal policy, weighted by its probability over the behaviour's
-            pg = (mb.prox_logp - mb.old_logp).exp() * pg
-        pg_loss = pg.mean()
+        pg_loss = torch.max(mb.neg_adv * ratio, mb.neg_adv * clipped_ratio).mean()
         if self.clip_vloss:
             clipped = mb.old_values + (new_value - mb.old_values).clamp(-clip_coef, clip_coef)
             v_loss = 0.5 * torch.max((new_value - mb.returns).pow(2), (clipped - mb.returns).pow(2)).mean()

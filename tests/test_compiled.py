@@ -38,10 +38,7 @@ CONFIGS = {
         adaptive_lr=True,
         learner_threads=2,
     ),  # fmt: skip
-    # overlapped rounds' decoupled objective: the proximal log-probs as one more column of the mini-batch
-    "elu-anneal-decoupled": Config(
-        activation="elu", hidden_sizes=(24,), max_grad_norm=0.05, overlap=True, lag_objective="decoupled"
-    ),
+    "elu-anneal": Config(activation="elu", hidden_sizes=(24,), max_grad_norm=0.05),
     # the recurrent policy: mini-batches of chunks, unrolled from their entering states with resets inside
     "gru-chunks": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), ent_coef=0.01),
 }
