@@ -12,7 +12,8 @@ trainer is its own process tree, run one after the other:
 - SB3 PPO (n_steps 256 x 8 envs, batch_size 64, n_epochs 10, VecNormalize) with DummyVecEnv and with
   SubprocVecEnv, at torch's default thread count, and DummyVecEnv once more with torch.set_num_threads(1)
   (on a small MLP the second thread can cost more than it gives); the fastest of these is the baseline.
-- `python train.py` (one learner) for each actors_per_gpu x envs_per_actor shape in --one-learner-shapes.
+- `python train.py` (one learner) for each actors_per_gpu x envs_per_actor shape in --one-learner-shapes, and
+  with `--overlap` (the actors collect the next round during the update) for each shape in --overlap-shapes.
 - `torchrun --standalone --nproc_per_node=2 train.py`, 1024 samples per rank per round, for each shape in
   --two-learner-shapes.
 
@@ -162,13 +163,15 @@ def run_sb3(vec: str, threads: int, args: argparse.Namespace, work: Path) -> Res
     return Result(name, out["steps"] / out["seconds"], out["seconds"], wall, peaks)
 
 
-def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, work: Path) -> Result:
+def run_ppo_ddp(
+    world: int, actors: int, envs: int, args: argparse.Namespace, work: Path, overlap: bool = False
+) -> Result:
     per_rank = SAMPLES_PER_UPDATE // world
     rollout_length = per_rank // (actors * envs)
     if rollout_length * actors * envs != per_rank:
         raise SystemExit(f"bench_throughput.py: shape {actors}x{envs} does not divide {per_rank} samples per rank")
     rounds = args.warmup_rounds + args.steps // SAMPLES_PER_UPDATE
-    name = f"w{world}_a{actors}_e{envs}"
+    name = f"w{world}_a{actors}_e{envs}" + ("_overlap" if overlap else "")
     flags = [
         "--env-id",
         ENV_ID,
@@ -199,6 +202,7 @@ def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, wo
         str(work),
         "--run-name",
         name,
+        *(["--overlap"] if overlap else []),
         *args.flags,
     ]
     launcher = (
@@ -213,7 +217,8 @@ def run_ppo_ddp(world: int, actors: int, envs: int, args: argparse.Namespace, wo
     steps = int(last["global_step"]) - int(first["global_step"])
     seconds = float(last["charts/elapsed_seconds"]) - float(first["charts/elapsed_seconds"])
     if world == 1:
-        title = f"ppo_ddp, python train.py, {actors} actors x {envs} envs x {rollout_length} steps"
+        title = f"ppo_ddp, python train.py{' --overlap' if overlap else ''}, {actors} actors x {envs} envs x "
+        title += f"{rollout_length} steps"
     else:
         title = f"ppo_ddp, torchrun {world} ranks, each {actors} actors x {envs} envs x {rollout_length} steps"
     return Result(title, steps / seconds, seconds, wall, peaks)
@@ -299,6 +304,13 @@ def main(argv: list[str] | None = None) -> None:
         help="actors_per_gpu x envs_per_actor for python train.py, e.g. 2x8",
     )
     parser.add_argument(
+        "--overlap-shapes",
+        type=parse_shape,
+        nargs="*",
+        default=[(2, 8), (1, 16)],
+        help="actors_per_gpu x envs_per_actor for python train.py --overlap",
+    )
+    parser.add_argument(
         "--two-learner-shapes",
         type=parse_shape,
         nargs="+",
@@ -362,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         ones += [s for s in [(1, 8), (1, 16), (2, 4), (2, 8), (2, 16), (4, 4), (4, 8)] if s not in ones]
         twos += [s for s in [(1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4)] if s not in twos]
     one = [run_ppo_ddp(1, a, e, args, work) for a, e in ones]
+    one += [run_ppo_ddp(1, a, e, args, work, overlap=True) for a, e in args.overlap_shapes]
     for r in one:
         show(r)
     two = []

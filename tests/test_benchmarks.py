@@ -117,8 +117,8 @@ def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
 
 
 def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
-    # Two timed updates of each trainer: SB3 (one variant), one learner, torchrun with 2 ranks; then the
-    # memory check on a short run. Checks the plumbing and the numbers' consistency, not the speed.
+    # Two timed updates of each trainer: SB3 (one variant), one learner sync and overlapped, torchrun with 2 ranks;
+    # then the memory check on a short run. Checks the plumbing and the numbers' consistency, not the speed.
     cmd = [
         sys.executable,
         "scripts/bench_throughput.py",
@@ -129,6 +129,8 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
         "--sb3",
         "dummy:1",
         "--one-learner-shapes",
+        "2x8",
+        "--overlap-shapes",
         "2x8",
         "--two-learner-shapes",
         "1x8",
@@ -142,7 +144,7 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     rows = {line[:70].strip(): line[70:].split() for line in lines if line.startswith(("SB3 PPO", "ppo_ddp,"))}
-    assert len(rows) == 3, proc.stdout
+    assert len(rows) == 4 and any("--overlap" in name for name in rows), proc.stdout
     for cols in rows.values():
         sps, timed = float(cols[0].replace(",", "")), float(cols[1])
         assert sps > 0 and 0 < timed < float(cols[2])  # the timed window is inside the tree's wall time
