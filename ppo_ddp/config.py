@@ -63,7 +63,8 @@ class Config:
     learner_threads: int = 1
     """CPU threads of a CPU learner's update. In sync rounds the actors wait during the update, so the cores they
     step on are free then: 2 threads halve the update of the large-batch presets on 2 cores (docs/tuning.md,
-    large-batch), while mini-batches of 64 run fastest on one. With overlap the actors step meanwhile."""
+    large-batch), while mini-batches of 64 run fastest on one. With overlap the actors step meanwhile: the learner
+    then takes at most the cores its actors leave (one at least)."""
     compile: bool = True
     """Compile the PPO mini-batch step (forward, loss, backward, clip and Adam) into one graph with torch.compile:
     a default round's update ran 2.8-3.9x faster on the 2-core machine (docs/benchmarks/throughput.md). Costs

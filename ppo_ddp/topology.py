@@ -130,8 +130,9 @@ def resolve_rank_device(
     return "cpu"
 
 
-def cpu_learner_threads(learner_threads: int, learners_on_node: int) -> int:
-    """torch threads of a CPU learner's update: cfg.learner_threads, at most this learner's share of the cores.
+def cpu_learner_threads(learner_threads: int, learners_on_node: int, stepping_actors: int = 0) -> int:
+    """torch threads of a CPU learner's update: cfg.learner_threads, at most this learner's share of the cores less
+    the actors that step during the update (its own, with overlapped rounds; none in sync rounds, where they wait).
 
     Mini-batches of a small MLP are too small to split across cores: OpenMP's hand-offs cost more than they save,
     and badly so when actors or other ranks hold the other cores (measured: 0.9 s with one thread against 4-13 s
@@ -140,4 +141,4 @@ def cpu_learner_threads(learner_threads: int, learners_on_node: int) -> int:
     at the same time.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(learner_threads, cores // learners_on_node))
+    return max(1, min(learner_threads, cores // learners_on_node - stepping_actors))

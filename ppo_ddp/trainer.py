@@ -62,7 +62,8 @@ class Trainer:
         obs_dim, act_dim = int(np.prod(self.obs_shape)), int(np.prod(probe.action_space.shape))
         probe.close()
         if ctx.device.type == "cpu":
-            torch.set_num_threads(cpu_learner_threads(cfg.learner_threads, ctx.local_world_size))
+            threads = cpu_learner_threads(cfg.learner_threads, ctx.local_world_size, actors if cfg.overlap else 0)
+            torch.set_num_threads(threads)
         torch.manual_seed(cfg.seed)
         self.model = make_model(cfg, obs_dim, act_dim).to(ctx.device)
         D.broadcast_parameters(ctx, self.model)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ppo_ddp.topology import (
@@ -189,3 +191,15 @@ def test_mps_only_for_a_single_process():
 def test_inconsistent_launcher_environment_is_an_error(world_size, local_rank, local_world_size, match):
     with pytest.raises(ValueError, match=match):
         resolve_rank_device(world_size, local_rank, local_world_size, cuda_device_count=8)
+
+
+def test_learner_threads_leave_the_cores_of_actors_that_step_during_the_update(monkeypatch):
+    from ppo_ddp.topology import cpu_learner_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)), raising=False)
+    assert cpu_learner_threads(2, 1) == 2  # sync rounds: the actors wait, their cores are the update's
+    assert cpu_learner_threads(2, 1, stepping_actors=2) == 1  # overlapped: they step on both cores
+    assert cpu_learner_threads(2, 2) == 1  # two learners share the two cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert cpu_learner_threads(16, 1, stepping_actors=2) == 14
+    assert cpu_learner_threads(4, 1, stepping_actors=2) == 4
