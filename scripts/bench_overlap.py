@@ -24,9 +24,10 @@ import argparse
 import csv
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from worktree import base_worktree  # scripts/, on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {
@@ -67,14 +68,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000, help="total_timesteps of each run")
     parser.add_argument("--passes", type=int, default=2, help="times each run is repeated, alternating")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench_overlap_") as tmp:
-        tmp = Path(tmp)
-        base = tmp / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True)
-        try:
-            run(args, base, tmp)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    with base_worktree(args.base, "bench_overlap_") as (base, tmp):
+        run(args, base, tmp)
 
 
 def run(args: argparse.Namespace, base: Path, tmp: Path) -> None:

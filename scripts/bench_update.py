@@ -26,9 +26,10 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from worktree import base_worktree  # scripts/, on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,14 +60,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30, help="training rounds of each update run")
     parser.add_argument("--skip-1m", action="store_true", help="the update part only")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench_update_") as tmp:
-        tmp = Path(tmp)
-        base = tmp / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True)
-        try:
-            run(args, base, tmp)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    with base_worktree(args.base, "bench_update_") as (base, tmp):
+        run(args, base, tmp)
 
 
 def run(args: argparse.Namespace, base: Path, tmp: Path) -> None:

@@ -28,12 +28,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from worktree import base_worktree  # scripts/, on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = "runs/same_numbers"
@@ -179,34 +179,27 @@ def main() -> None:
     )
     parser.add_argument("--flags", default="", help="extra train.py flags for this checkout's runs, e.g. --no-compile")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="same_numbers_") as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True, capture_output=True
-        )
-        try:
-            revision = subprocess.run(
-                ["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True
-            ).stdout.strip()
-            print(f"base {revision} in {base}; this checkout {ROOT}", flush=True)
-            run_all(base, args.only)
-            run_all(ROOT, args.only, tuple(shlex.split(args.flags)))
-            failed = False
-            for name in args.only:
-                problems, added = compare(base, ROOT, name)
-                failed = failed or bool(problems)
-                print(
-                    f"{name}: "
-                    + (
-                        "the same, bit for bit (metrics.csv without timings; latest and best checkpoints)"
-                        if not problems
-                        else "DIFFERENT: " + "; ".join(problems[:10] + problems[-2:])
-                    )
-                    + (f" (new keys in this checkout's checkpoints: {', '.join(added)})" if added else ""),
-                    flush=True,
+    with base_worktree(args.base, "same_numbers_") as (base, _):
+        revision = subprocess.run(
+            ["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        print(f"base {revision} in {base}; this checkout {ROOT}", flush=True)
+        run_all(base, args.only)
+        run_all(ROOT, args.only, tuple(shlex.split(args.flags)))
+        failed = False
+        for name in args.only:
+            problems, added = compare(base, ROOT, name)
+            failed = failed or bool(problems)
+            print(
+                f"{name}: "
+                + (
+                    "the same, bit for bit (metrics.csv without timings; latest and best checkpoints)"
+                    if not problems
+                    else "DIFFERENT: " + "; ".join(problems[:10] + problems[-2:])
                 )
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+                + (f" (new keys in this checkout's checkpoints: {', '.join(added)})" if added else ""),
+                flush=True,
+            )
     raise SystemExit(1 if failed else 0)
 
 
