@@ -242,10 +242,14 @@ class Learner:
         ]
         if batch.hidden is not None:
             columns += [batch.hidden, batch.episode_start]
+        fields = len(columns)  # the mini-batch's
+        if cfg.overlap:  # the round acted with older weights: the update's own KL is from those it starts with
+            columns.append(self._log_probs(batch) - batch.logp)
         # contiguous whatever the columns are: the compiled step was traced on contiguous mini-batches
         shuffled = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in columns]
         losses: list[torch.Tensor] = []  # [pg, v, entropy] of each mini-batch
-        log_ratios: list[torch.Tensor] = []  # kept for approx_kl and clipfrac, computed once after the epochs
+        log_ratios: list[torch.Tensor] = []  # kept for clipfrac, computed once after the epochs
+        kl_ratios: list[torch.Tensor] = []  # the same from the update's starting weights, for approx_kl
         epochs_done = 0
         for epoch in range(cfg.update_epochs):
             if epoch > 0 and batch.steps is not None:  # the critic has learned: its advantages of the round, again
@@ -255,18 +259,20 @@ class Learner:
                 torch.index_select(column, 0, permutation, out=out)
             for start in range(0, rows, minibatch_size):
                 step_losses, log_ratio = self._minibatch_step(
-                    Minibatch(*(c[start : start + minibatch_size] for c in shuffled))
+                    Minibatch(*(c[start : start + minibatch_size] for c in shuffled[:fields]))
                 )
                 losses.append(step_losses)
                 log_ratios.append(log_ratio)
+                lag = shuffled[-1][start : start + minibatch_size] if len(shuffled) > fields else None
+                kl_ratios.append(log_ratio if lag is None else log_ratio - lag)
             epochs_done += 1
-            if cfg.target_kl is not None and self._epoch_kl(log_ratios[-cfg.num_minibatches :]) > cfg.target_kl:
+            if cfg.target_kl is not None and self._epoch_kl(kl_ratios[-cfg.num_minibatches :]) > cfg.target_kl:
                 break
 
         log_ratio = torch.stack(log_ratios)
         # float64 for the mean of a few hundred values, on the CPU: the learner's device may have none (MPS)
         pg_loss, v_loss, entropy = torch.stack(losses).cpu().double().mean(0).tolist()
-        approx_kl = _approx_kl(log_ratio).item()
+        approx_kl = _approx_kl(torch.stack(kl_ratios)).item()  # what adaptive_lr reads
         clipfrac = ((log_ratio.exp() - 1).abs() > cfg.clip_coef).float().mean().item()
         with torch.no_grad():
             var_returns = batch.returns.var()
@@ -284,6 +290,13 @@ class Learner:
             "charts/buffer_size": float(buffer_size),
             "charts/learning_rate": self.learning_rate,
         }
+
+    @torch.no_grad()
+    def _log_probs(self, batch: RolloutBatch) -> torch.Tensor:
+        """The round's log-probs under the current weights (those the update starts from), shaped as batch.logp."""
+        rows = Minibatch(batch.obs, batch.actions, batch.logp, batch.values, batch.advantages, batch.returns,
+                         batch.hidden, batch.episode_start)  # fmt: skip
+        return self.model.evaluate_minibatch(rows, list(self.model.parameters()))[0]
 
     def _targets(
         self, batch: RolloutBatch, global_mean_std: GlobalMeanStd, value_stats: Optional[tuple[float, float]]
