@@ -274,3 +274,15 @@ def test_recomputed_advantages_are_those_of_the_critic_each_epoch_starts_with():
     without, _ = make(dataclasses.replace(cfg, recompute_advantages=False))
     without.train_step(dataclasses.replace(batch, steps=None), local_mean_std)
     assert not torch.allclose(without.params, learner.params, atol=1e-5)
+
+
+def test_overlapped_the_updates_kl_is_from_the_weights_it_starts_with():
+    """Overlapped rounds act with weights a round old: the KL that adaptive_lr and target_kl read is the update's own
+    step, not that lag. One mini-batch step from the starting weights has moved nothing when its KL is taken, so
+    approx_kl is ~0 though the stored log-probs are another policy's; clipfrac still counts against those."""
+    sync, batch = make(Config(update_epochs=1, num_minibatches=1))
+    stale = dataclasses.replace(batch, logp=batch.logp - 0.5)  # as if weights a round older had acted
+    assert sync.train_step(stale, local_mean_std)["losses/approx_kl"] > 0.1
+    overlapped, _ = make(Config(update_epochs=1, num_minibatches=1, overlap=True))
+    m = overlapped.train_step(stale, local_mean_std)
+    assert abs(m["losses/approx_kl"]) < 1e-6 and m["losses/clipfrac"] == 1.0
