@@ -245,8 +245,9 @@ class Actor:
         e = -1
         try:
             for e, env in enumerate(self.envs):
-                obs, rew_t[e], term_t[e], trunc_t[e], _ = env.step(env_action[e])
-                if term_t[e] or trunc_t[e]:
+                obs, rew_t[e], term, trunc, _ = env.step(env_action[e])
+                if term or trunc:  # the flags were cleared at the round's start
+                    term_t[e], trunc_t[e] = term, trunc
                     finals.append(self._final(t, e, obs, round_k))
                     obs, _ = env.reset()
                 next_raw[e] = obs  # a copy into the actor's own array

@@ -35,7 +35,7 @@ from ppo_ddp.buffers import BufferSpec, SharedBuffers
 from ppo_ddp.children import CLOSE_TIMEOUT, ActorError, child_start_state, describe_exit, mp_context
 from ppo_ddp.config import Config
 from ppo_ddp.learner import RolloutBatch
-from ppo_ddp.model import num_parameters
+from ppo_ddp.model import num_parameters, write_flat_parameters
 from ppo_ddp.normalization import Moments
 from ppo_ddp.recurrent import make_model
 
@@ -152,7 +152,9 @@ class ActorPool:
     ) -> list[ActorReport]:
         """One round of a model's policy (any device), start to finish; the rollout is in `buffers` (slot 0 unless
         rounds overlap)."""
-        self.start(torch.nn.utils.parameters_to_vector(model.parameters()), obs_rms, ret_rms, value_rms)
+        weights = torch.empty(num_parameters(model))
+        write_flat_parameters(model, weights)
+        self.start(weights, obs_rms, ret_rms, value_rms)
         return self.finish()[0]
 
     def start(

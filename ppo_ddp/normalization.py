@@ -102,11 +102,6 @@ def merge_rms_states(states: Iterable[Optional[Moments]]) -> Optional[Moments]:
     return merged
 
 
-def obs_std(state: Moments) -> np.ndarray:
-    """sqrt(var + eps): what observations are divided by, in float64."""
-    return state.std
-
-
 def normalize_obs(
     obs: np.ndarray, state: Optional[Moments], clip: float, out: Optional[np.ndarray] = None
 ) -> np.ndarray:
@@ -134,7 +129,7 @@ class ObsNormalizer(torch.nn.Module):
         super().__init__()
         self.clip = float(clip)
         self.identity = state is None  # no statistics yet: a cast, and no clipping (as normalize_obs)
-        mean, std = (np.zeros(0), np.ones(0)) if state is None else (state.mean, obs_std(state))
+        mean, std = (np.zeros(0), np.ones(0)) if state is None else (state.mean, state.std)
         self.register_buffer("mean", torch.as_tensor(np.asarray(mean, np.float64)))
         self.register_buffer("std", torch.as_tensor(np.asarray(std, np.float64)))
 

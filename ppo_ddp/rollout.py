@@ -62,8 +62,7 @@ def compute_gae(
     deltas = rewards.to(dtype) + gamma * next_values.to(dtype) * bootstrap - values.to(dtype)
     decay = gamma * gae_lambda * continues  # the same float32 products the recursion took one step at a time
     advantages = torch.empty_like(deltas)
-    _discounted_sum(deltas.numpy() if deltas.is_cpu else deltas, decay.numpy() if decay.is_cpu else decay,
-                    advantages.numpy() if advantages.is_cpu else advantages)  # fmt: skip
+    _discounted_sum(*((t.numpy() if t.is_cpu else t) for t in (deltas, decay, advantages)))
     return advantages, advantages + values.to(dtype)
 
 
