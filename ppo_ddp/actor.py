@@ -9,7 +9,6 @@ the learner's decision), exits quietly on EOF from its learner, and sends an exc
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection
@@ -23,6 +22,7 @@ import torch
 
 from ppo_ddp.buffers import BufferSpec, SharedBuffers
 from ppo_ddp.config import Config
+from ppo_ddp.env_group import EnvFailure, make_env_group
 from ppo_ddp.envs import env_seed, make_env
 from ppo_ddp.model import LOG_SQRT_2PI, read_flat_parameters
 from ppo_ddp.normalization import DiscountedReturn, Moments, compute_batch_moments, normalize_obs, scale_reward
@@ -106,11 +106,9 @@ class Actor:
             raise ValueError(
                 f"buffer holds [T={spec.rollout_length}, E={spec.envs_per_actor}], config asks for [T={T}, E={E}]"
             )
-        self.envs = []
-        for _ in range(E):
-            self.envs.append(make_env(cfg.env_id))
-        space = self.envs[0].action_space
-        obs_shape = self.envs[0].observation_space.shape
+        self.envs = make_env_group([make_env(cfg.env_id) for _ in range(E)], cfg.batch_envs)
+        space = self.envs.envs[0].action_space
+        obs_shape = self.envs.envs[0].observation_space.shape
         if obs_shape != (D,) or space.shape != (spec.act_dim,):
             raise ValueError(
                 f"{cfg.env_id}: observation shape {obs_shape}, action shape {space.shape}; "
@@ -144,18 +142,16 @@ class Actor:
         self.out = self.outs[0]
 
     def close(self) -> None:
-        for env in self.envs:
-            with contextlib.suppress(Exception):
-                env.close()
+        self.envs.close()
         self.outs, self.out = [], {}
 
     def _first_reset(self) -> None:
-        for e, env in enumerate(self.envs):
+        for e in range(len(self.envs)):
             try:
-                obs, _ = env.reset(seed=env_seed(self.cfg.seed, self.rank, self.actor_id, e))
-            except Exception as exc:
+                self.raw[0, e] = self.envs.reset(e, seed=env_seed(self.cfg.seed, self.rank, self.actor_id, e))
+            except EnvFailure as failure:
+                exc = failure.__cause__
                 raise EnvError(f"env {e} failed in its first reset: {type(exc).__name__}: {exc}", e, None) from exc
-            self.raw[0, e] = obs
             if not np.isfinite(self.raw[0, e]).all():
                 raise EnvError(f"env {e} returned a non-finite observation from its first reset", e, None)
         self.started = True
@@ -239,21 +235,16 @@ class Actor:
         self, t: int, env_action: np.ndarray, round_k: int, episodes: list[tuple[float, int]], finals: list[Final]
     ) -> None:
         """Step every env once; an ended episode is recorded (its final observation too, and a GRU's state after
-        the step, which the bootstrap value needs) and its env reset, with the GRU's memory of it. The loop over
-        the envs does only what each env's own result needs: the counters and checks run once on all envs."""
+        the step, which the bootstrap value needs) and its env reset, with the GRU's memory of it. Only the ended
+        envs are visited one by one: the counters and checks run once on all envs."""
         next_raw, rew_t, term_t, trunc_t = self.raw[t + 1], self.rewards[t], self.terminated[t], self.truncated[t]
-        e = -1
         try:
-            for e, env in enumerate(self.envs):
-                obs, rew_t[e], term, trunc, _ = env.step(env_action[e])
-                if term or trunc:  # the flags were cleared at the round's start
-                    term_t[e], trunc_t[e] = term, trunc
-                    finals.append(self._final(t, e, obs, round_k))
-                    obs, _ = env.reset()
-                next_raw[e] = obs  # a copy into the actor's own array
-        except EnvError:
-            raise
-        except Exception as exc:
+            for e, term, trunc in self.envs.step(env_action, next_raw, rew_t):
+                term_t[e], trunc_t[e] = term, trunc  # the flags were cleared at the round's start
+                finals.append(self._final(t, e, next_raw[e], round_k))
+                next_raw[e] = self.envs.reset(e)
+        except EnvFailure as failure:
+            e, exc = failure.env, failure.__cause__
             raise EnvError(f"env {e} failed at step {t} of round {round_k}: {type(exc).__name__}: {exc}", e, t) from exc
         if not (np.isfinite(next_raw).all() and np.isfinite(rew_t).all()):
             raise self._non_finite(t, round_k)

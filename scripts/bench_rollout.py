@@ -6,7 +6,8 @@
    the loop times the env alone), in env steps per second, times os.cpu_count().
 2. The pool: `ActorPool.collect` only (no learning, fixed weights, frozen non-trivial statistics so the
    normalisation path runs) for actors_per_gpu in {1, 2} x envs_per_actor in {1, 4, 8, 16}; the rate is the
-   env steps of the timed rounds over their wall time (start-up and one warm-up round excluded).
+   env steps of the timed rounds over their wall time (start-up and one warm-up round excluded). `--batch-envs on
+   off` runs each shape with MuJoCo's batch stepping (Config.batch_envs, the default) and with gymnasium's step.
 
 Prints a table and, as its last line, `ratio <best pool rate / limit>`. The limit is measured before and
 after the pool runs and the larger value is used, so drift of a shared machine cannot flatter the ratio.
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rollout-length", type=int, default=Config.rollout_length)
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2], help="actors_per_gpu values")
     parser.add_argument("--envs", type=int, nargs="+", default=[1, 4, 8, 16], help="envs_per_actor values")
+    parser.add_argument(
+        "--batch-envs", nargs="+", choices=["on", "off"], default=["on"], help="Config.batch_envs values, each a row"
+    )
     parser.add_argument("--mp-start-method", default=Config.mp_start_method, choices=["forkserver", "spawn"])
     args = parser.parse_args(argv)
 
@@ -112,32 +116,35 @@ def main(argv: list[str] | None = None) -> None:
     print(f"raw env rate (1 env, 1 process): {before:,.0f} steps/s; limit = x{cpus} = {before * cpus:,.0f}", flush=True)
 
     rows = []
-    print(f"{'actors':>6} {'envs':>4} {'rounds':>6} {'round s':>8} {'steps/s':>10} {'/limit':>7}", flush=True)
+    print(f"{'actors':>6} {'envs':>4} {'batch':>5} {'rounds':>6} {'round s':>8} {'steps/s':>10} {'/limit':>7}")
     for actors in args.actors:
         for envs in args.envs:
-            cfg = Config(
-                env_id=args.env_id,
-                actors_per_gpu=actors,
-                envs_per_actor=envs,
-                rollout_length=args.rollout_length,
-                mp_start_method=args.mp_start_method,
-            )
-            rate, rounds, round_s = pool_rate(cfg, obs_dim, act_dim, args.seconds)
-            rows.append((actors, envs, rate))
-            print(
-                f"{actors:>6} {envs:>4} {rounds:>6} {round_s:>8.4f} {rate:>10,.0f} {rate / (before * cpus):>7.3f}",
-                flush=True,
-            )
+            for batch in args.batch_envs:
+                cfg = Config(
+                    env_id=args.env_id,
+                    actors_per_gpu=actors,
+                    envs_per_actor=envs,
+                    rollout_length=args.rollout_length,
+                    mp_start_method=args.mp_start_method,
+                    batch_envs=batch == "on",
+                )
+                rate, rounds, round_s = pool_rate(cfg, obs_dim, act_dim, args.seconds)
+                rows.append((actors, envs, batch, rate))
+                print(
+                    f"{actors:>6} {envs:>4} {batch:>5} {rounds:>6} {round_s:>8.4f} {rate:>10,.0f} "
+                    f"{rate / (before * cpus):>7.3f}",
+                    flush=True,
+                )
 
     after = raw_env_rate(args.env_id, args.seconds)
     limit = max(before, after) * cpus
-    best = max(rows, key=lambda r: r[2])
+    best = max(rows, key=lambda r: r[3])
     print(f"raw env rate again: {after:,.0f} steps/s; limit used = {cpus} x max(before, after) = {limit:,.0f}")
     print(
-        f"best: actors_per_gpu {best[0]}, envs_per_actor {best[1]}: {best[2]:,.0f} steps/s; "
+        f"best: actors_per_gpu {best[0]}, envs_per_actor {best[1]}, batch_envs {best[2]}: {best[3]:,.0f} steps/s; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
-    print(f"ratio {best[2] / limit:.3f}")
+    print(f"ratio {best[3] / limit:.3f}")
 
 
 if __name__ == "__main__":

@@ -81,8 +81,8 @@ def raw_rate(env_id: str, envs: int, actions: str, seconds: float, seed: int) ->
 
 
 class _Timed:
-    """An env's step and reset, or the policy kernel's step, timed and added up under `key`: the actor's phases
-    without a profiler's overhead."""
+    """The actor's env group's step and reset, or the policy kernel's step, timed and added up under `key`: the
+    actor's phases without a profiler's overhead."""
 
     def __init__(self, target, totals: dict[str, float], key: str) -> None:
         self._target, self._totals, self._key = target, totals, key
@@ -94,12 +94,15 @@ class _Timed:
         finally:
             self._totals[self._key] += time.perf_counter() - start
 
-    def reset(self, **kwargs):
+    def reset(self, *args, **kwargs):
         start = time.perf_counter()
         try:
-            return self._target.reset(**kwargs)
+            return self._target.reset(*args, **kwargs)
         finally:
             self._totals[self._key] += time.perf_counter() - start
+
+    def __len__(self) -> int:
+        return len(self._target)
 
     def close(self) -> None:
         self._target.close()
@@ -136,7 +139,7 @@ def actor_rate(cfg: Config, seconds: float, seed: int, top: int = 0) -> tuple[fl
         acted = [env_actions(actor)]
         buffers.write_stats(first.obs_moments, first.return_moments, None)
         totals = {"env": 0.0, "policy": 0.0}
-        actor.envs = [_Timed(env, totals, "env") for env in actor.envs]
+        actor.envs = _Timed(actor.envs, totals, "env")
         actor.kernel = _Timed(actor.kernel, totals, "policy")
         steps, rounds, elapsed = 0, 0, 0.0
         while elapsed < seconds:

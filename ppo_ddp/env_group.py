@@ -1,0 +1,212 @@
+"""An actor's envs as one group: gymnasium's `env.step` one env after another, or, for the MuJoCo robots whose step
+this module reproduces bit for bit, MuJoCo's own batch stepping.
+
+gymnasium's locomotion envs spend ~a quarter of a step in Python around MuJoCo (wrappers, a dict of reward terms,
+`_get_obs` per env). `mujoco.batch.Batch` keeps each env's integration state (mjSTATE_INTEGRATION: positions,
+velocities, warm start, controls, time) as a row and steps all rows in one call with the results of a loop of
+`mj_step`; this module then computes the observations, rewards and terminations of HalfCheetah, Hopper, Walker2d
+and Swimmer (v5) with numpy over all envs at once, in the same floating-point operations, in the same order, as
+their `step` methods. Resets and seeds stay gymnasium's: a reset calls the env's own `reset`, whose random
+generator it is, and copies the state it made into the env's row. tests/test_env_group.py checks every field
+against gymnasium's with `np.array_equal` over thousands of steps, episode ends and several seeds.
+
+Any other env, or one of these wrapped by more than gymnasium's own TimeLimit / OrderEnforcing / PassiveEnvChecker
+(the partly observed ids, for instance), is stepped by `GymEnvs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Optional
+
+import gymnasium as gym
+import mujoco
+import mujoco.batch
+import numpy as np
+from gymnasium.envs.mujoco.half_cheetah_v5 import HalfCheetahEnv
+from gymnasium.envs.mujoco.hopper_v5 import HopperEnv
+from gymnasium.envs.mujoco.swimmer_v5 import SwimmerEnv
+from gymnasium.envs.mujoco.walker2d_v5 import Walker2dEnv
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+
+Ended = list[tuple[int, bool, bool]]
+"""The envs whose episode ended at a step: (env index, terminated, truncated)."""
+
+_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
+
+
+class EnvFailure(Exception):
+    """An env raised while stepping or resetting; `env` is its index, the original exception the cause."""
+
+    def __init__(self, env: int) -> None:
+        super().__init__(env)
+        self.env = env
+
+
+class GymEnvs:
+    """E gymnasium envs, stepped one after another: any env `make_env` builds."""
+
+    def __init__(self, envs: list[gym.Env]) -> None:
+        self.envs = envs
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def reset(self, e: int, seed: Optional[int] = None) -> np.ndarray:
+        """Env e's first observation of a new episode (its generator seeded first when `seed` is given)."""
+        try:
+            return self.envs[e].reset(seed=seed)[0]
+        except Exception as exc:
+            raise EnvFailure(e) from exc
+
+    def step(self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray) -> Ended:
+        """Step env e with actions[e], writing its observation into obs[e] and its reward into rewards[e]; returns
+        the envs whose episode ended (their obs row is the final observation; the caller resets them)."""
+        ended: Ended = []
+        for e, env in enumerate(self.envs):
+            try:
+                obs[e], rewards[e], term, trunc, _ = env.step(actions[e])
+            except Exception as exc:
+                raise EnvFailure(e) from exc
+            if term or trunc:
+                ended.append((e, bool(term), bool(trunc)))
+        return ended
+
+    def close(self) -> None:
+        for env in self.envs:
+            with contextlib.suppress(Exception):
+                env.close()
+
+
+@dataclass(frozen=True)
+class _Robot:
+    """What one locomotion env's `step` computes around the simulation, read from the env instance."""
+
+    frame_skip: int
+    dt: float
+    forward_weight: float
+    ctrl_cost_weight: float
+    skip_positions: int  # leading qpos entries left out of the observation
+    clip_velocity: bool  # Hopper and Walker2d clip qvel to [-10, 10] in the observation
+    healthy: Optional[Callable[[np.ndarray, np.ndarray], np.ndarray]]  # (qpos, qvel) -> healthy per env
+    healthy_reward: float
+    terminate_when_unhealthy: bool
+
+
+def _hopper_healthy(env: HopperEnv) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    (min_state, max_state), (min_z, max_z) = env._healthy_state_range, env._healthy_z_range
+    min_angle, max_angle = env._healthy_angle_range
+
+    def healthy(qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:  # HopperEnv.is_healthy: state_vector()[2:]
+        state_ok = ((min_state < qpos[:, 2:]) & (qpos[:, 2:] < max_state)).all(1)
+        state_ok &= ((min_state < qvel) & (qvel < max_state)).all(1)
+        z, angle = qpos[:, 1], qpos[:, 2]
+        return state_ok & (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
+
+    return healthy
+
+
+def _walker_healthy(env: Walker2dEnv) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    (min_z, max_z), (min_angle, max_angle) = env._healthy_z_range, env._healthy_angle_range
+
+    def healthy(qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:  # Walker2dEnv.is_healthy
+        z, angle = qpos[:, 1], qpos[:, 2]
+        return (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
+
+    return healthy
+
+
+def _robot(env: gym.Env) -> Optional[_Robot]:
+    """The step of a supported, unmodified locomotion env, or None: exactly the class (a subclass may change its
+    step), exactly gymnasium's own wrappers around it, and no rendering."""
+    wrapper = env
+    while isinstance(wrapper, gym.Wrapper):
+        if type(wrapper) not in (TimeLimit, OrderEnforcing, PassiveEnvChecker):
+            return None
+        wrapper = wrapper.env
+    u = env.unwrapped
+    if type(u) not in (HalfCheetahEnv, HopperEnv, Walker2dEnv, SwimmerEnv) or u.render_mode is not None:
+        return None
+    healthy, healthy_reward, terminate = None, 0.0, False
+    if type(u) in (HopperEnv, Walker2dEnv):
+        healthy = _hopper_healthy(u) if type(u) is HopperEnv else _walker_healthy(u)
+        healthy_reward, terminate = u._healthy_reward, u._terminate_when_unhealthy
+    skip = (2 if type(u) is SwimmerEnv else 1) if u._exclude_current_positions_from_observation else 0
+    return _Robot(
+        frame_skip=u.frame_skip,
+        dt=u.dt,
+        forward_weight=u._forward_reward_weight,
+        ctrl_cost_weight=u._ctrl_cost_weight,
+        skip_positions=skip,
+        clip_velocity=type(u) in (HopperEnv, Walker2dEnv),
+        healthy=healthy,
+        healthy_reward=healthy_reward,
+        terminate_when_unhealthy=terminate,
+    )
+
+
+def _time_limit(env: gym.Env) -> Optional[int]:
+    wrapper = env
+    while isinstance(wrapper, gym.Wrapper):
+        if isinstance(wrapper, TimeLimit):
+            return wrapper._max_episode_steps
+        wrapper = wrapper.env
+    return None
+
+
+class BatchedEnvs(GymEnvs):
+    """The same envs, stepped together by `mujoco.batch.Batch` on the actor's own thread (module docstring)."""
+
+    def __init__(self, envs: list[gym.Env], robot: _Robot) -> None:
+        super().__init__(envs)
+        self.robot, self.max_steps = robot, _time_limit(envs[0])
+        self.model = envs[0].unwrapped.model
+        self.batch = mujoco.batch.Batch(self.model, len(envs), nthread=1)  # the actor's one core: no extra threads
+        self.qpos, self.qvel, self.ctrl = self.batch.bind("qpos"), self.batch.bind("qvel"), self.batch.bind("ctrl")
+        self.elapsed = np.zeros(len(envs), dtype=np.int64)  # TimeLimit's count, which env.step no longer runs
+
+    def reset(self, e: int, seed: Optional[int] = None) -> np.ndarray:
+        obs = super().reset(e, seed)
+        mujoco.mj_getState(self.model, self.envs[e].unwrapped.data, self.batch.state[e], _STATE)
+        self.elapsed[e] = 0
+        return obs
+
+    def step(self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray) -> Ended:
+        """As GymEnvs.step. The formulas are the envs' own `step`, `_get_obs`, `_get_rew` and `is_healthy`, over
+        all envs at once; `actions` is float32, as gymnasium's envs receive it from the actor."""
+        r = self.robot
+        x_before = self.qpos[:, 0].copy()
+        self.ctrl[:] = actions
+        try:
+            self.batch.step(nstep=r.frame_skip)
+        except mujoco.batch.SimulationError as exc:
+            raise EnvFailure(int(exc.ids[0])) from exc
+        qpos, qvel = self.qpos, self.qvel
+        x_velocity = (qpos[:, 0] - x_before) / r.dt
+        n_pos = qpos.shape[1] - r.skip_positions
+        obs[:, :n_pos] = qpos[:, r.skip_positions :]
+        if r.clip_velocity:
+            np.clip(qvel, -10, 10, out=obs[:, n_pos:])
+        else:
+            obs[:, n_pos:] = qvel
+        forward = r.forward_weight * x_velocity
+        ctrl_cost = r.ctrl_cost_weight * np.sum(np.square(actions), axis=1)
+        if r.healthy is None:
+            rewards[:] = forward - ctrl_cost
+            terminated = np.zeros(len(self.envs), dtype=bool)
+        else:
+            healthy = r.healthy(qpos, qvel)
+            rewards[:] = (forward + healthy * r.healthy_reward) - ctrl_cost
+            terminated = ~healthy if r.terminate_when_unhealthy else np.zeros(len(self.envs), dtype=bool)
+        self.elapsed += 1
+        truncated = self.elapsed >= self.max_steps if self.max_steps is not None else np.zeros_like(terminated)
+        return [(int(e), bool(terminated[e]), bool(truncated[e])) for e in np.flatnonzero(terminated | truncated)]
+
+
+def make_env_group(envs: list[gym.Env], batched: bool = True) -> GymEnvs:
+    """The envs as a group: batch-stepped where `batched` and the env is one this module reproduces, else
+    gymnasium's step."""
+    robot = _robot(envs[0]) if batched else None
+    return BatchedEnvs(envs, robot) if robot is not None else GymEnvs(envs)
