@@ -214,7 +214,27 @@ def _overlap_table(rows: list[dict[str, str]]) -> list[str]:
             cells += [_cell(got, 10**6), f"{mean / base:.2f}" if got and columns[0] else "—"]
         commits = ", ".join(sorted({r["commit"] for column in columns for r in column}))
         lines.append(f"| {env_id} | {' | '.join(cells)} | {commits} |")
-    return lines + ["", "![overlapped rounds](overlap.png)", ""]
+    return lines + _more_seeds(rows) + ["", "![overlapped rounds](overlap.png)", ""]
+
+
+def _more_seeds(rows: list[dict[str, str]]) -> list[str]:
+    """Where an env was run on more seeds than 1-3, sync and `--overlap` alike: the same ratio over every seed."""
+    ab = [r for r in rows if r["world_size"] == "1" and row_key(r)[4] == "params"]
+    sync = [r for r in ab if not r["extra_args"]]
+    overlap = [r for r in ab if " ".join(shape_flags(r["extra_args"])) == OVERLAP_FLAGS[0]]
+    lines = []
+    for env_id in REFERENCE:
+        seeds = {r["seed"] for r in overlap if r["env"] == env_id} & {r["seed"] for r in sync if r["env"] == env_id}
+        if seeds <= set(BENCHMARK_SEEDS):
+            continue
+        got = [[r for r in column if r["env"] == env_id and r["seed"] in seeds] for column in (sync, overlap)]
+        means = [np.mean([float(r["eval_mean"]) for r in column]) for column in got]
+        seed_list = ", ".join(sorted(seeds, key=int))
+        lines.append(
+            f"| {env_id}, seeds {seed_list} | {_cell(got[0], 10**6)} | {_cell(got[1], 10**6)} | "
+            f"{means[1] / means[0]:.2f} | — | — | {', '.join(sorted({r['commit'] for c in got for r in c}))} |"
+        )
+    return lines
 
 
 def _world_size_table(rows: list[dict[str, str]]) -> list[str]:
