@@ -1,26 +1,20 @@
-"""The actor process: it steps gymnasium envs with a CPU copy of the policy, writing rollouts into shared memory.
+"""An actor: gymnasium envs stepped with a CPU copy of the policy, rollouts written into shared memory.
 
-Started by its learner's `ActorPool` (ppo_ddp/actor_pool.py), an actor attaches to the shared block (layout in
-ppo_ddp/buffers.py), builds its envs, then serves rounds: on a small ("round", k, slot) message it reads the round's
-weights and frozen statistics, steps every env `rollout_length` times, writes rollout[a] of that slot in place and
-answers with a small `ActorReport` (rollout data never goes through a pipe). It ignores SIGINT and SIGTERM (stopping is
-the learner's decision), exits quietly on EOF from its learner, and sends an exception back with its traceback.
+`Actor` is the state one actor process keeps across rounds and the round itself (`sample`): it reads the round's
+weights and frozen statistics, steps every env `rollout_length` times, writes rollout[a] of the round's slot in
+place and returns a small `ActorReport`. The process around it (its start, its messages with the learner, its
+errors) is ppo_ddp/actor_process.py.
 """
 
 from __future__ import annotations
 
-import faulthandler
-import multiprocessing as mp
-import multiprocessing.connection
-import signal
-import traceback
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
 
-from ppo_ddp.buffers import BufferSpec, SharedBuffers
+from ppo_ddp.buffers import SharedBuffers
 from ppo_ddp.config import Config
 from ppo_ddp.env_group import EnvFailure, make_env_group
 from ppo_ddp.envs import env_seed, make_env
@@ -28,9 +22,6 @@ from ppo_ddp.model import LOG_SQRT_2PI, read_flat_parameters
 from ppo_ddp.normalization import DiscountedReturn, Moments, compute_batch_moments, normalize_obs, scale_reward
 from ppo_ddp.recurrent import make_kernel, make_model
 from ppo_ddp.rollout import compute_gae, prepare_action
-
-IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-"""The learner's to handle (ppo_ddp/signals.py); actors and the forkserver ignore them from their start."""
 
 _NOISE_SEED_KEY = 0x6E6F697365  # spawn key that separates the action-noise seeds from env_seed's
 
@@ -56,6 +47,10 @@ class ActorReport:
     noise_state: Optional[np.ndarray] = None
     """The action-noise generator's state after the round (uint8), for checkpoints: a resumed actor continues it.
     numpy, not a torch tensor: torch pickles tensors through pipes as shared memory and passed fds."""
+    carried: Optional[dict[str, Any]] = None
+    """What the actor carries into the next round (`Actor.carried`: its envs' whole state, observations,
+    counters), for checkpoints: a resumed actor continues its episodes exactly. None: its envs' state cannot be
+    captured."""
 
 
 class EnvError(RuntimeError):
@@ -75,18 +70,6 @@ class Final(NamedTuple):
     env: int
     obs: np.ndarray
     state: Optional[np.ndarray]
-
-
-@dataclass(frozen=True)
-class ActorArgs:
-    """What an actor process is started with (pickled once, at its start)."""
-
-    cfg: Config
-    rank: int
-    actor_id: int
-    buffer_spec: BufferSpec
-    shm_name: str
-    noise_state: Optional[np.ndarray] = None
 
 
 class Actor:
@@ -200,7 +183,41 @@ class Actor:
             obs_moments=obs_moments,
             return_moments=return_moments,
             noise_state=self.generator.get_state().numpy(),
+            carried=self.carried(),
         )
+
+    def carried(self) -> Optional[dict[str, Any]]:
+        """What this actor carries from one round into the next, all of it: the envs' whole state, the current
+        observations, the episodes' return and length so far, a GRU's memory and episode-start flags, the running
+        discounted returns of reward scaling. None when an env's state cannot be captured (ppo_ddp/env_state.py).
+        numpy arrays and Python values, small to pickle through the pipe; a checkpoint stores them as tensors."""
+        if not self.envs.capturable:
+            return None
+        return {
+            "envs": self.envs.capture() if self.started else None,  # before the first reset: nothing to keep
+            "started": self.started,
+            "observations": self.raw[0].copy(),
+            "episode_return": self.episode_return.copy(),
+            "episode_length": self.episode_length.copy(),
+            "starting": self.starting.copy(),
+            "rnn_state": None if self.state is None else self.state.copy(),
+            "discounted": None if self.discounted is None else self.discounted.value.copy(),
+        }
+
+    def restore(self, carried: dict[str, Any]) -> None:
+        """Continue from what `carried` took (its arrays numpy or tensors), in an actor built with the same config,
+        rank and id."""
+        self.started = carried["started"]
+        if self.started:
+            self.envs.restore(carried["envs"])
+        self.raw[0] = np.asarray(carried["observations"])
+        self.episode_return[:] = np.asarray(carried["episode_return"])
+        self.episode_length[:] = np.asarray(carried["episode_length"])
+        self.starting[:] = np.asarray(carried["starting"])
+        if self.state is not None:
+            self.state[:] = np.asarray(carried["rnn_state"])
+        if self.discounted is not None:
+            self.discounted.value = np.array(carried["discounted"], dtype=np.float64)
 
     def _load_round(self) -> tuple[Optional[Moments], Optional[Moments]]:
         """The round's weights into the policy and the frozen statistics (None where not normalising)."""
@@ -316,63 +333,3 @@ class Actor:
         out["terminated"][:] = terminated
         out["truncated"][:] = truncated
         return return_moments
-
-
-def _send(conn: mp.connection.Connection, msg: Any) -> bool:
-    try:
-        conn.send(msg)
-        return True
-    except (OSError, EOFError):  # the learner is gone
-        return False
-
-
-def _error_message(exc: BaseException, round_k: Optional[int]) -> tuple:
-    return (
-        "error",
-        {
-            "summary": f"{type(exc).__name__}: {exc}",
-            "traceback": "".join(traceback.format_exception(exc)),
-            "env_index": getattr(exc, "env_index", None),
-            "step": getattr(exc, "step", None),
-            "round": round_k,
-        },
-    )
-
-
-def actor_main(conn: mp.connection.Connection, args: ActorArgs) -> None:
-    """Entry point of an actor process: build, report ready, then serve rounds until "close" or EOF."""
-    for sig in IGNORED_SIGNALS:  # Ctrl-C and SIGTERM are the learner's; it closes the pool
-        signal.signal(sig, signal.SIG_IGN)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the learner asks for a stack dump of a stuck actor
-    torch.set_num_threads(1)
-    buffers: Optional[SharedBuffers] = None
-    actor: Optional[Actor] = None
-    try:
-        try:
-            buffers = SharedBuffers.attach(args.buffer_spec, args.shm_name)
-            actor = Actor(args.cfg, args.rank, args.actor_id, buffers, args.noise_state)
-        except BaseException as exc:
-            _send(conn, _error_message(exc, None))
-            return
-        if not _send(conn, ("ready",)):
-            return
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):  # the learner died: exit quietly
-                return
-            if msg[0] != "round":
-                return
-            try:
-                report = actor.sample(msg[1], msg[2])
-            except BaseException as exc:
-                _send(conn, _error_message(exc, msg[1]))
-                return
-            if not _send(conn, ("done", msg[1], report)):
-                return
-    finally:
-        if actor is not None:
-            actor.close()
-        if buffers is not None:
-            buffers.close()
-        conn.close()

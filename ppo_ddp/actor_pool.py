@@ -30,7 +30,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ppo_ddp.actor import ActorArgs, ActorReport, actor_main
+from ppo_ddp.actor import ActorReport
+from ppo_ddp.actor_process import ActorArgs, actor_main
 from ppo_ddp.buffers import BufferSpec, SharedBuffers
 from ppo_ddp.children import CLOSE_TIMEOUT, ActorError, child_start_state, describe_exit, mp_context
 from ppo_ddp.config import Config
@@ -76,8 +77,10 @@ class ActorPool:
         pin_memory: bool,
         noise_states: Optional[list[Any]] = None,
         first_round: int = 1,
+        carried: Optional[list[dict[str, Any]]] = None,
     ) -> None:
         """noise_states: each actor's action-noise generator state (uint8 tensor or array) to continue from, or None.
+        carried: what each actor carried into the next round (`Actor.carried`) to continue from, or None.
         first_round: the number of the first `collect` in the trainer's count (messages name rounds by it)."""
         self.cfg, self.rank, self.num_actors = cfg, rank, num_actors
         if noise_states is not None and len(noise_states) != num_actors:
@@ -114,6 +117,7 @@ class ActorPool:
                                 spec,
                                 self.buffers.name,
                                 np.asarray(noise_states[a], dtype=np.uint8) if noise_states is not None else None,
+                                carried[a] if carried is not None else None,
                             ),
                         ),
                         name=f"ppo-actor-r{rank}-a{a}",

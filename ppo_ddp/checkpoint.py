@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ppo_ddp.config import Config, ConfigError
@@ -43,6 +44,29 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def as_tensors(obj: Any) -> Any:
+    """A nested state's numpy arrays as CPU tensors (dicts, lists and tuples walked, other values kept): what a
+    checkpoint may hold so that torch.load(weights_only=True) reads it back."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj)
+    if isinstance(obj, dict):
+        return {k: as_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(as_tensors(v) for v in obj)
+    return obj
+
+
+def as_arrays(obj: Any) -> Any:
+    """The inverse of as_tensors: a nested state's tensors as numpy arrays (to pickle through a pipe)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    if isinstance(obj, dict):
+        return {k: as_arrays(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(as_arrays(v) for v in obj)
+    return obj
 
 
 def mean_policy(rank_policies: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -28,7 +28,15 @@ import yaml
 
 from ppo_ddp import distributed as D
 from ppo_ddp.agreement import Agreement
-from ppo_ddp.checkpoint import CheckpointError, check_compatible, load_checkpoint, mean_policy, save_checkpoint
+from ppo_ddp.checkpoint import (
+    CheckpointError,
+    as_arrays,
+    as_tensors,
+    check_compatible,
+    load_checkpoint,
+    mean_policy,
+    save_checkpoint,
+)
 from ppo_ddp.config import Config, config_to_dict
 from ppo_ddp.learner import Learner
 from ppo_ddp.normalization import Moments
@@ -58,6 +66,9 @@ class RunState:
     recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     noise_states: Optional[list[torch.Tensor]] = None
     """This rank's actors' noise generator states after the last round (each rank its own)."""
+    actors_carried: Optional[list[dict[str, Any]]] = None
+    """What this rank's actors carry into the next round (`Actor.carried`), or None where it cannot be captured:
+    a resumed run's actors continue their episodes from it, exactly."""
     behaviour_weights: Optional[torch.Tensor] = None
     """Overlapped rounds: the flat weights the round in flight acts with (this rank's; ppo_ddp/rounds.py)."""
 
@@ -69,6 +80,12 @@ class RunState:
             return False
         self.best_return = mean
         return True
+
+    def take_actor_states(self, reports: list[Any]) -> None:
+        """The states the actors' reports of the last round carry, kept for the next checkpoint."""
+        self.noise_states = [torch.from_numpy(r.noise_state) for r in reports]  # tensors: weights_only
+        carried = [r.carried for r in reports]
+        self.actors_carried = carried if all(c is not None for c in carried) else None
 
     def mean_recent_return(self) -> float:
         return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
@@ -107,6 +124,7 @@ def rank_state(ctx: D.DistContext, learner: Learner, run: RunState) -> dict[str,
         "torch_rng_state": torch.get_rng_state(),
         "cuda_rng_state": torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None,
         "actor_noise": run.noise_states,
+        "actors_carried": as_tensors(run.actors_carried),
     }
     if run.behaviour_weights is not None:  # overlapped rounds: the weights of the round in flight
         own["behaviour_weights"] = run.behaviour_weights.detach().cpu()
@@ -197,6 +215,7 @@ class Checkpointer:
         mine = _restore_rank(state, self.ctx, learner, notes)
         noise = mine.get("actor_noise") if mine is not None else None
         run.noise_states = list(noise) if noise is not None and len(noise) == actors else None
+        run.actors_carried = _carried(mine, actors, self.cfg.envs_per_actor, notes if self.ctx.is_main else [])
         run.behaviour_weights = mine.get("behaviour_weights") if mine is not None else None
         run.load_state_dict(state)
         if not self.cfg.adaptive_lr:
@@ -302,6 +321,23 @@ def elastic_restart() -> tuple[int, Optional[str]]:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), os.environ.get("TORCHELASTIC_RUN_ID")
 
 
+def _carried(mine: Optional[dict[str, Any]], actors: int, envs: int, notes: list[str]) -> Optional[list]:
+    """This rank's actors' carried state from a checkpoint where it fits the run's actors and envs; otherwise None,
+    and the note that the envs start new episodes (the run goes on, no longer the run it would have been)."""
+    if mine is None:  # another world size: _restore_rank's note says so
+        return None
+    carried = mine.get("actors_carried")
+    if carried is not None and len(carried) == actors and all(len(c["observations"]) == envs for c in carried):
+        return as_arrays(carried)
+    why = (
+        "the checkpoint holds no env state (written before exact resume, or its envs' state cannot be captured)"
+        if carried is None
+        else "the checkpoint's actors and envs differ from this run's"
+    )
+    notes.append(f"the envs start new episodes: {why}")
+    return None
+
+
 def _restore_rank(
     state: dict[str, Any], ctx: D.DistContext, learner: Learner, notes: list[str]
 ) -> Optional[dict[str, Any]]:
@@ -318,7 +354,7 @@ def _restore_rank(
     if mine is None and ctx.is_main and state.get("world_size") != ctx.world_size:
         notes.append(
             f"the checkpoint was written by {state.get('world_size')} rank(s), this run has {ctx.world_size}: "
-            f"every rank starts from rank 0's parameters and Adam moments, the actors from fresh noise"
+            f"every rank starts from rank 0's parameters and Adam moments, the actors from fresh noise and new episodes"
         )
     source = mine or state
     # Ranks that step together (sync_mode "gradients") must start identical, whatever mode wrote the checkpoint:

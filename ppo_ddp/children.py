@@ -15,11 +15,11 @@ import threading
 from collections.abc import Iterator
 from typing import Optional
 
-from ppo_ddp.actor import IGNORED_SIGNALS
+from ppo_ddp.actor_process import IGNORED_SIGNALS
 
 CLOSE_TIMEOUT = 5.0
 """Seconds idle actors get to exit on a "close" message before they are killed."""
-FORKSERVER_PRELOAD = ["ppo_ddp.actor", "mujoco"]
+FORKSERVER_PRELOAD = ["ppo_ddp.actor_process", "mujoco"]
 """Imported once in the forkserver, so each actor starts without re-importing torch, gymnasium and MuJoCo."""
 
 
@@ -78,7 +78,7 @@ def child_start_state() -> Iterator[None]:
     """Start children (and the forkserver) with SIGINT and SIGTERM ignored and single-threaded math libraries.
 
     Ignored signals stay ignored across exec, so an actor ignores them from its first instruction, not only
-    once _actor_main runs; so does the forkserver, whose death would look like the death of every actor.
+    once actor_main runs; so does the forkserver, whose death would look like the death of every actor.
     The learner's own handlers and environment are restored on exit.
     """
     saved_env = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}

@@ -17,6 +17,7 @@ Any other env, or one of these wrapped by more than gymnasium's own TimeLimit / 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
@@ -30,6 +31,9 @@ from gymnasium.envs.mujoco.hopper_v5 import HopperEnv
 from gymnasium.envs.mujoco.swimmer_v5 import SwimmerEnv
 from gymnasium.envs.mujoco.walker2d_v5 import Walker2dEnv
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+
+from ppo_ddp import env_state
+from ppo_ddp.env_state import EnvState
 
 Ended = list[tuple[int, bool, bool]]
 """The envs whose episode ended at a step: (env index, terminated, truncated)."""
@@ -73,6 +77,27 @@ class GymEnvs:
             if term or trunc:
                 ended.append((e, bool(term), bool(trunc)))
         return ended
+
+    @functools.cached_property
+    def _derived(self) -> env_state.Derived:
+        """The layout of the derived arrays a captured state keeps (env_state.Derived), made on first use."""
+        return env_state.Derived(self.envs[0].unwrapped.model)
+
+    @property
+    def capturable(self) -> bool:
+        """Whether every env's whole state can be captured (ppo_ddp/env_state.py)."""
+        return all(env_state.capturable(env) for env in self.envs)
+
+    def capture(self) -> Optional[list[EnvState]]:
+        """Every env's whole state, or None where an env's cannot be captured."""
+        if not self.capturable:
+            return None
+        return [env_state.capture(env, self._derived) for env in self.envs]
+
+    def restore(self, states: list[EnvState]) -> None:
+        """Put back what `capture` took (from a group of the same env id and size, stepped either way)."""
+        for env, state in zip(self.envs, states, strict=True):
+            env_state.restore(env, state, self._derived)
 
     def close(self) -> None:
         for env in self.envs:
@@ -172,6 +197,19 @@ class BatchedEnvs(GymEnvs):
         mujoco.mj_getState(self.model, self.envs[e].unwrapped.data, self.batch.state[e], _STATE)
         self.elapsed[e] = 0
         return obs
+
+    def capture(self) -> list[EnvState]:
+        """Each env's row is its state (its steps read no derived field before simulating), the count its own."""
+        states = [env_state.capture(env, None, self.batch.state[e]) for e, env in enumerate(self.envs)]
+        for state, elapsed in zip(states, self.elapsed):
+            state["elapsed"] = int(elapsed)
+        return states
+
+    def restore(self, states: list[EnvState]) -> None:
+        super().restore(states)
+        for e, state in enumerate(states):
+            self.batch.state[e] = np.asarray(state["integration"])
+            self.elapsed[e] = state["elapsed"] or 0
 
     def step(self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray) -> Ended:
         """As GymEnvs.step. The formulas are the envs' own `step`, `_get_obs`, `_get_rew` and `is_healthy`, over

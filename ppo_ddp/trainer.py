@@ -243,7 +243,7 @@ class Trainer:
         if self.cfg.adaptive_lr:  # the next round's rate, from the KL averaged over ranks: the same on every rank
             rate = self.learner.learning_rate
             run.learning_rate = adapted_learning_rate(rate, metrics["losses/approx_kl"], self.cfg.lr_kl_target)
-        run.noise_states = [torch.from_numpy(r.noise_state) for r in rollout.reports]  # tensors: weights_only
+        run.take_actor_states(rollout.reports)
         elapsed = time.time() - self.start_time  # since this process started training; benchmarks read it
         metrics.update(
             {
@@ -368,6 +368,7 @@ class Trainer:
             act_dim=self.spec.act_dim,
             pin_memory=self.ctx.device.type == "cuda",
             noise_states=self.run.noise_states,
+            carried=self.run.actors_carried,
             first_round=self.run.iteration + (0 if self.seeding else 1),
         )
 

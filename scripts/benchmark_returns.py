@@ -13,10 +13,12 @@ is evaluated through ppo_ddp.evaluate: deterministic, over the preset's eval_epi
 preset says otherwise). Rows go to docs/benchmarks/returns.csv (a row per run, replacing an earlier row of the
 same env/seed/world size/preset/sync mode, so a matrix can be run in pieces); wall_seconds is the training time
 summed over the run's sessions (start-up excluded); mujoco is the MuJoCo version the run's venv had (the dmc extra
-puts 3.17.0 in place of 4.0.0; empty in rows written before the column). The tables in docs/benchmarks/returns.md
-and the curves (returns.png: 1M presets; returns_10m.png: the scale presets; world_sizes.png: world sizes and sync
-modes; returns_partial.png: the partly observed envs; returns_dmc.png: the DeepMind Control Suite) are rebuilt
-from all rows, by scripts/returns_tables.py.
+puts 3.17.0 in place of 4.0.0; empty in rows written before the column); resumed says whether the run was resumed
+(its log has a "resumed from" line) and resume_exact whether every resume continued the envs' episodes exactly
+(issue 47; a resumed run then equals a fresh one), both empty in rows written before them. The tables in
+docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the scale presets;
+world_sizes.png: world sizes and sync modes; returns_partial.png: the partly observed envs; returns_dmc.png: the
+DeepMind Control Suite) are rebuilt from all rows, by scripts/returns_tables.py.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ FIELDS = [
     "commit",
     "sync_mode",
     "mujoco",
+    "resumed",
+    "resume_exact",
 ]
 
 
@@ -133,6 +137,15 @@ def train(
     if proc.returncode != 0:
         raise SystemExit(f"training failed (exit {proc.returncode}); log: {log}\n{log.read_text()[-2000:]}")
     return runs_dir / name
+
+
+def resume_record(log: Path) -> tuple[str, str]:
+    """Whether the run's sessions (its log, appended by each) resumed it, and whether every resume was exact (the
+    envs continued their episodes: no "the envs start new episodes" line); ("no", "") for a run of one session."""
+    text = log.read_text() if log.exists() else ""
+    if "resumed from " not in text:
+        return "no", ""
+    return "yes", "no" if "the envs start new episodes" in text else "yes"
 
 
 def last_fraction_return(metrics_csv: Path, fraction: float = 0.1) -> float:
@@ -220,6 +233,7 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
     with open(metrics_csv, newline="") as f:
         total_steps = max(int(r["global_step"]) for r in csv.DictReader(f))
     wall = training_seconds(metrics_csv)
+    resumed, exact = resume_record(args.runs_dir / f"{run_dir.name}.log")
     row = {
         "env": env_id,
         "seed": seed,
@@ -238,6 +252,10 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
         # the dmc extra swaps MuJoCo 4.0.0 for 3.17.0: rows say which physics they ran on (the training ran
         # in this script's venv)
         "mujoco": mujoco_version(),
+        # a resumed run equals the uninterrupted one when its resumes were exact (issue 47): rows written before
+        # these columns say neither
+        "resumed": resumed,
+        "resume_exact": exact,
     }
     print(
         f"  {env_id} seed {seed} world {world} {sync}: eval {row['eval_mean']} ± {row['eval_std']}, "

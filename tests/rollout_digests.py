@@ -19,6 +19,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -90,8 +91,10 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
-def scenario_digests(name: str) -> list[dict[str, str]]:
-    """The digests of each round of one scenario: {field: digest}, the report's parts included."""
+def scenario_digests(name: str, restart_at: Optional[int] = None) -> list[dict[str, str]]:
+    """The digests of each round of one scenario: {field: digest}, the report's parts included. restart_at=k: before
+    round k the actor is closed and a new one continues from what the old one carried (Actor.carried), as a resumed
+    run's actors do; the digests must not change."""
     fields, rounds = SCENARIOS[name]
     cfg = Config(**{"actors_per_gpu": 1, "num_minibatches": 1, "seed": 5, **fields})
     probe = make_env(cfg.env_id)
@@ -104,7 +107,7 @@ def scenario_digests(name: str) -> list[dict[str, str]]:
     out = []
     try:
         actor = Actor(cfg, 1, 0, buffers)
-        obs_rms = ret_rms = None
+        obs_rms = ret_rms = report = None
         for k in range(rounds):
             torch.manual_seed(k + 1)
             model = make_model(cfg, obs_dim, act_dim)
@@ -113,6 +116,11 @@ def scenario_digests(name: str) -> list[dict[str, str]]:
             write_flat_parameters(model, buffers.weights)
             buffers.write_stats(obs_rms, ret_rms, VALUE_RMS if k % 2 else None)
             buffers.fill_sentinel()
+            if k == restart_at:
+                carried = actor.carried()
+                actor.close()
+                actor = Actor(cfg, 1, 0, buffers, report.noise_state)
+                actor.restore(carried)
             report = actor.sample(k)
             row = {f: _digest(buffers.arrays[f][0]) for f in buffers.spec.rollout_fields()}
             row["episodes"] = _digest(np.array(report.episode_returns), np.array(report.episode_lengths))

@@ -110,6 +110,7 @@ def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
         assert float(r["eval_mean"]) > 0  # Hopper pays a healthy reward every step it stays up
         assert (ROOT / r["curve"]).exists()
         assert r["mujoco"] == importlib.metadata.version("mujoco")  # the physics the run had
+        assert (r["resumed"], r["resume_exact"]) == ("no", "")  # each run was one session
     table = (tmp_path / "out" / "returns.md").read_text()
     assert "| Hopper-v5 |" in table and "(2) at 128 steps" in table
     png = (tmp_path / "out" / "returns.png").read_bytes()
@@ -207,7 +208,8 @@ def test_profile_pool_end_to_end_on_a_tiny_budget():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Ordered by: internal time" in proc.stdout and "mj_step" in proc.stdout  # the actor's own profile
+    # the actor's own profile: Hopper's envs are batch-stepped (ppo_ddp/env_group.py), in MuJoCo's batch call
+    assert "Ordered by: internal time" in proc.stdout and "mujoco._batch.step" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if "steps/s" in line and not line.startswith("the limit")]
     names = [row.split("  ")[0] for row in rows]
     assert names[:4] == ["1 env, uniform actions (the limit)", "2 envs, uniform actions", "2 envs, policy actions",
@@ -285,3 +287,15 @@ def test_the_1m_figure_plots_the_rows_behind_the_table(tmp_path, monkeypatch):
     rows = [row(1), row(2), row(3), row(4), row(1, "--actor-timeout 9")]  # seed 4 and the flagged run are not in it
     returns_tables.plot_all(rows, tmp_path)
     assert [path.name for _, path in plotted["returns.png"]] == [f"swimmer_s{s}_0.csv" for s in (1, 2, 3)]
+
+
+def test_a_row_says_whether_its_run_was_resumed_and_whether_exactly(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from benchmark_returns import resume_record
+
+    log = tmp_path / "run.log"  # a run's log, appended by every session of it
+    assert resume_record(log) == ("no", "")
+    log.write_text("stopped by SIGTERM after round 3\nresumed from runs/a/model_a.pt at round 3\n")
+    assert resume_record(log) == ("yes", "yes")
+    log.write_text(log.read_text() + "the envs start new episodes: the checkpoint holds no env state\n")
+    assert resume_record(log) == ("yes", "no")

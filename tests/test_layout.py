@@ -30,6 +30,7 @@ LAYERS = [
     "video",
     "actor_pool",
     "children",
+    "actor_process",
     "actor",
     "distributed",
     "learner",
@@ -49,6 +50,8 @@ LAYERS = [
     "programs",
     "topology",
     "envs",
+    "env_group",
+    "env_state",
     "partial_envs",
 ]
 """Top to bottom: a module imports only modules below it (a type-checking-only import aside)."""

@@ -243,13 +243,10 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     # metrics.csv appended: every round once, counters exact
     assert [int(r["iteration"]) for r in r_rows] == list(range(1, ROUNDS + 1))
     assert [int(r["global_step"]) for r in r_rows] == [steps_after(i) for i in range(1, ROUNDS + 1)]
-    # up to the stop the two runs are the same computation
-    for u, r in zip(u_rows[:k], r_rows[:k]):
-        assert [u[c] for c in DETERMINISTIC] == [r[c] for c in DETERMINISTIC]
-    # after it: the learning-rate schedule exactly; the frozen statistics of round k+1 exactly (restored, not
-    # re-merged); the data differ (the envs restart their episodes), so the losses only roughly
-    for u, r in zip(u_rows[k:], r_rows[k:]):
-        assert u["charts/learning_rate"] == r["charts/learning_rate"]
+    # the resumed run is the uninterrupted one, before the stop and after it: the actors continue their episodes
+    # from the envs' state in the checkpoint (ppo_ddp/env_state.py), so every logged number is the same
+    for u, r in zip(u_rows, r_rows):
+        assert [u[c] for c in DETERMINISTIC] == [r[c] for c in DETERMINISTIC], (u["iteration"], u, r)
     assert_same_state(
         dump(tmp / "debug_r", 0, k + 1)["frozen_obs_rms"],
         dump(tmp / "debug_u", 0, k + 1)["frozen_obs_rms"],
@@ -257,15 +254,12 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     )
     u_end, r_end = dump(tmp / "debug_u", 0, ROUNDS), dump(tmp / "debug_r", 0, ROUNDS)
     assert r_end["obs_rms"]["count"] == u_end["obs_rms"]["count"] == steps_after(ROUNDS)
-    # Parameters: the resumed run moved from the same round-k point on other episodes. Tolerance
-    # (docs/reliability.md): three rounds on, their distance stays below 0.7 of how far the uninterrupted run moved
-    # since round k. Measured 0.34 (stopped after round 3) and 0.54 (after round 4); a resume that loses the Adam
-    # moments measured 0.91 and 1.16.
-    start = dump(tmp / "debug_u", 0, k)["params"]
-    n = min(k + 3, ROUNDS)
-    u_n, r_n = dump(tmp / "debug_u", 0, n)["params"], dump(tmp / "debug_r", 0, n)["params"]
-    moved, apart = (u_n - start).norm(), (r_n - u_n).norm()
-    assert apart < 0.7 * moved, (n, float(apart), float(moved))
+    for rank in (0, 1):  # every rank's parameters, Adam moments and statistics at the end, bit for bit
+        u_rank, r_rank = dump(tmp / "debug_u", rank, ROUNDS), dump(tmp / "debug_r", rank, ROUNDS)
+        assert torch.equal(u_rank["params"], r_rank["params"]), f"rank {rank} parameters"
+        assert_same_state(r_rank["optimizer"], u_rank["optimizer"], f"rank {rank} optimizer")
+        assert_same_state(r_rank["obs_rms"], u_rank["obs_rms"], f"rank {rank} statistics")
+    assert "the envs start new episodes" not in runs["r"].stdout, runs["r"].output()
     # ranks stay identical after the resume (param_sync_interval 1)
     assert torch.equal(r_end["params"], dump(tmp / "debug_r", 1, ROUNDS)["params"])
     # TensorBoard continues at the right step: no point twice, none missing
