@@ -104,11 +104,8 @@ class _Timed:
     def __len__(self) -> int:
         return len(self._target)
 
-    def close(self) -> None:
-        self._target.close()
-
-    def load(self, *args) -> None:  # the policy kernel's: the round's weights (not timed as its forward)
-        self._target.load(*args)
+    def __getattr__(self, name: str):  # the rest untimed: close, the kernel's load, the group's capture
+        return getattr(self._target, name)
 
 
 def actor_rate(cfg: Config, seconds: float, seed: int, top: int = 0) -> tuple[float, dict[str, float]]:
