@@ -81,7 +81,7 @@ class GymEnvs:
     @functools.cached_property
     def _derived(self) -> env_state.Derived:
         """The layout of the derived arrays a captured state keeps (env_state.Derived), made on first use."""
-        return env_state.Derived(self.envs[0].unwrapped.model)
+        return env_state.Derived(env_state.simulation(self.envs[0])[0])
 
     @property
     def capturable(self) -> bool:

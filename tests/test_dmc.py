@@ -149,3 +149,38 @@ def test_a_short_run_trains_saves_and_evaluates(run_train, tmp_path):
     )  # fmt: skip
     assert played.returncode == 0, played.stderr[-3000:]
     assert json.loads(played.stdout) == pytest.approx([value], abs=0.05)  # evaluate prints one decimal
+
+
+@pytest.mark.parametrize(
+    "env_id", ["dm_control/cartpole-swingup-v0", "dm_control/cheetah-run-v0", "dm_control/walker-walk-v0"]
+)
+def test_a_restored_env_steps_on_as_the_captured_one(env_id, tmp_path):
+    """Exact resume (ppo_ddp/env_state.py): captured mid-episode, saved and loaded as a checkpoint does, restored
+    into another env; both step on through dm_control's own 1000-step limit and the reset after it with the same
+    results, bit for bit."""
+    import torch
+
+    from ppo_ddp.checkpoint import as_tensors
+    from ppo_ddp.env_group import make_env_group
+
+    def run(group, actions):
+        obs, rewards, record = np.zeros((1, group.envs[0].observation_space.shape[0])), np.zeros(1), []
+        for row in actions:
+            ended = group.step(row, obs, rewards)
+            record += [obs.tobytes(), rewards.tobytes(), repr(ended).encode()]
+            record += [group.reset(e).tobytes() for e, _, _ in ended]
+        return record
+
+    original, restored = make_env_group([make_env(env_id)]), make_env_group([make_env(env_id)])
+    original.reset(0, 3)
+    restored.reset(0, 50)
+    space = original.envs[0].action_space
+    actions = np.random.default_rng(1).uniform(space.low, space.high, (1150, 1, *space.shape)).astype(np.float32)
+    run(original, actions[:100])
+    states = original.capture()
+    assert states is not None
+    torch.save(as_tensors(states), tmp_path / "states.pt")
+    states = torch.load(tmp_path / "states.pt", weights_only=True)
+    expected = run(original, actions[100:])  # 1050 steps: the episode's end at step 1000 and a new one
+    restored.restore(states)
+    assert run(restored, actions[100:]) == expected

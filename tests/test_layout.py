@@ -49,9 +49,9 @@ LAYERS = [
     "presets",
     "programs",
     "topology",
-    "envs",
     "env_group",
     "env_state",
+    "envs",
     "partial_envs",
 ]
 """Top to bottom: a module imports only modules below it (a type-checking-only import aside)."""
