@@ -126,7 +126,8 @@ def _cell(rows: list[dict[str, str]], full_steps: int) -> str:
     note = f" ({len(vals)})" if vals else ""
     if steps and max(steps) < full_steps:
         note += f" at {max(steps):,} steps"
-    return mean_std(vals) + note
+    inexact = sum(r.get("resumed") == "yes" and r.get("resume_exact") != "yes" for r in rows)
+    return mean_std(vals) + note + (f" †{inexact}" if inexact else "")
 
 
 def _preset_cell(rows: list[dict[str, str]]) -> str:
@@ -159,7 +160,11 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         "over seeds (their number in brackets); rows from "
         "`returns.csv`, written by `scripts/benchmark_returns.py`. Its `mujoco` column is the MuJoCo version of "
         "the run (the dmc extra installs 3.17.0 in place of 4.0.0); it is empty in the rows written before the "
-        "column existed: the package asks for mujoco>=3.2 and nothing recorded which one they had.",
+        "column existed: the package asks for mujoco>=3.2 and nothing recorded which one they had. "
+        "A cell marked †N holds N runs that were stopped and resumed before resumes were exact (issue 47: their "
+        "envs started new episodes, so a fresh run of the same commit and seed computes another run); every other "
+        "row is a fresh run or an exactly resumed one, which a fresh run reproduces (the `resumed` and "
+        "`resume_exact` columns).",
         "",
         "## 1M env steps, the presets in ppo_ddp/configs/",
         "",
