@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from ppo_ddp.checkpointer import rank_state
 from ppo_ddp.normalization import Moments
+from ppo_ddp.run_state import rank_state
 
 if TYPE_CHECKING:  # the trainer calls this module: type hints only, so the imports stay one-way
     from ppo_ddp.actor_pool import Rollout

@@ -25,10 +25,10 @@ from typing import Optional
 import torch
 
 from ppo_ddp.actor_pool import ActorPool, Rollout
-from ppo_ddp.checkpointer import RunState
 from ppo_ddp.config import Config
 from ppo_ddp.learner import RolloutBatch
 from ppo_ddp.normalization import Moments
+from ppo_ddp.run_state import RunState
 
 Publication = tuple[torch.Tensor, Optional[Moments], Optional[Moments], Optional[Moments]]
 """(flat weights, obs_rms, ret_rms, value_rms): what a round's actors act with; the statistics None where unused."""

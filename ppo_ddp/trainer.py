@@ -36,7 +36,7 @@ from ppo_ddp.agreement import Agreement, RunFailed, Stopped
 from ppo_ddp.buffers import BufferSpec
 from ppo_ddp.capacity import available_memory, check_round_fits, free_shared_memory
 from ppo_ddp.checkpoint import mean_policy
-from ppo_ddp.checkpointer import Checkpointer, RunState, elastic_restart, run_name
+from ppo_ddp.checkpointer import Checkpointer, elastic_restart, run_name
 from ppo_ddp.config import Config, minibatch_rows
 from ppo_ddp.debug import RoundRecorder
 from ppo_ddp.envs import make_env
@@ -48,6 +48,7 @@ from ppo_ddp.presets import describe
 from ppo_ddp.recurrent import make_model
 from ppo_ddp.rounds import Publication, Rounds
 from ppo_ddp.run_log import RunLogger, default_run_name, format_duration, open_run_folder
+from ppo_ddp.run_state import RunState
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
 from ppo_ddp.topology import cpu_learner_threads
 

@@ -22,6 +22,7 @@ LAYERS = [
     "rounds",
     "debug",
     "checkpointer",
+    "run_state",
     "agreement",
     "checkpoint",
     "run_log",
