@@ -83,7 +83,7 @@ class GymEnvs:
         """The layout of the derived arrays a captured state keeps (env_state.Derived), made on first use."""
         return env_state.Derived(env_state.simulation(self.envs[0])[0])
 
-    @property
+    @functools.cached_property
     def capturable(self) -> bool:
         """Whether every env's whole state can be captured (ppo_ddp/env_state.py)."""
         return all(env_state.capturable(env) for env in self.envs)
@@ -146,11 +146,8 @@ def _walker_healthy(env: Walker2dEnv) -> Callable[[np.ndarray, np.ndarray], np.n
 def _robot(env: gym.Env) -> Optional[_Robot]:
     """The step of a supported, unmodified locomotion env, or None: exactly the class (a subclass may change its
     step), exactly gymnasium's own wrappers around it, and no rendering."""
-    wrapper = env
-    while isinstance(wrapper, gym.Wrapper):
-        if type(wrapper) not in (TimeLimit, OrderEnforcing, PassiveEnvChecker):
-            return None
-        wrapper = wrapper.env
+    if any(type(wrapper) not in (TimeLimit, OrderEnforcing, PassiveEnvChecker) for wrapper in env_state.wrappers(env)):
+        return None
     u = env.unwrapped
     if type(u) not in (HalfCheetahEnv, HopperEnv, Walker2dEnv, SwimmerEnv) or u.render_mode is not None:
         return None
@@ -172,21 +169,13 @@ def _robot(env: gym.Env) -> Optional[_Robot]:
     )
 
 
-def _time_limit(env: gym.Env) -> Optional[int]:
-    wrapper = env
-    while isinstance(wrapper, gym.Wrapper):
-        if isinstance(wrapper, TimeLimit):
-            return wrapper._max_episode_steps
-        wrapper = wrapper.env
-    return None
-
-
 class BatchedEnvs(GymEnvs):
     """The same envs, stepped together by `mujoco.batch.Batch` on the actor's own thread (module docstring)."""
 
     def __init__(self, envs: list[gym.Env], robot: _Robot) -> None:
         super().__init__(envs)
-        self.robot, self.max_steps = robot, _time_limit(envs[0])
+        limit = env_state.time_limit(envs[0])
+        self.robot, self.max_steps = robot, None if limit is None else limit._max_episode_steps
         self.model = envs[0].unwrapped.model
         self.batch = mujoco.batch.Batch(self.model, len(envs), nthread=1)  # the actor's one core: no extra threads
         self.qpos, self.qvel, self.ctrl = self.batch.bind("qpos"), self.batch.bind("qvel"), self.batch.bind("ctrl")

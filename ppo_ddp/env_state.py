@@ -42,7 +42,8 @@ INTEGRATION = mujoco.mjtState.mjSTATE_INTEGRATION
 _STATELESS_WRAPPERS = (OrderEnforcing, PassiveEnvChecker, DropVelocities, FlatDictObservation)  # no state of theirs
 
 
-def _wrappers(env: gym.Env) -> list[gym.Wrapper]:
+def wrappers(env: gym.Env) -> list[gym.Wrapper]:
+    """The wrappers around env, outermost first."""
     chain = []
     while isinstance(env, gym.Wrapper):
         chain.append(env)
@@ -52,7 +53,7 @@ def _wrappers(env: gym.Env) -> list[gym.Wrapper]:
 
 def time_limit(env: gym.Env) -> Optional[TimeLimit]:
     """The TimeLimit wrapper around env, or None."""
-    return next((w for w in _wrappers(env) if isinstance(w, TimeLimit)), None)
+    return next((w for w in wrappers(env) if isinstance(w, TimeLimit)), None)
 
 
 def _dm_control(env: gym.Env) -> Any:
@@ -73,7 +74,7 @@ def simulation(env: gym.Env) -> tuple[mujoco.MjModel, mujoco.MjData]:
 def capturable(env: gym.Env) -> bool:
     """Whether env's whole state can be captured: a gymnasium MuJoCo env or a dm_control one through shimmy,
     wrapped only by wrappers whose state is known."""
-    known = all(isinstance(w, (TimeLimit, *_STATELESS_WRAPPERS)) for w in _wrappers(env))
+    known = all(isinstance(w, (TimeLimit, *_STATELESS_WRAPPERS)) for w in wrappers(env))
     return known and (isinstance(env.unwrapped, MujocoEnv) or _dm_control(env) is not None)
 
 
@@ -155,7 +156,7 @@ def restore(env: gym.Env, state: EnvState, derived: Optional[Derived]) -> None:
     limit = time_limit(env)
     if limit is not None:
         limit._elapsed_steps = state["elapsed"]
-    for wrapper in _wrappers(env):  # restored mid-episode: no reset first, and the first-call checks are done
+    for wrapper in wrappers(env):  # restored mid-episode: no reset first, and the first-call checks are done
         if isinstance(wrapper, OrderEnforcing):
             wrapper._has_reset = True
         elif isinstance(wrapper, PassiveEnvChecker):
