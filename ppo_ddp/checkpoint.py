@@ -134,8 +134,8 @@ def check_compatible(
     if shapes_differ or saved.get("activation", cfg.activation) != cfg.activation:
         raise ConfigError(
             f"resume={str(path)!r}: checkpoint's network is hidden_sizes {saved.get('hidden_sizes', '?')} "
-            f"activation {saved.get('activation', '?')}, this run's is hidden_sizes {list(cfg.hidden_sizes)} "
-            f"activation {cfg.activation}"
+            f"activation {saved.get('activation', '?')} shared_trunk {saved.get('shared_trunk', False)}, this run's "
+            f"is hidden_sizes {list(cfg.hidden_sizes)} activation {cfg.activation} shared_trunk {cfg.shared_trunk}"
         )
     tensors = [len(group.get("params", ())) for group in state["optimizer"].get("param_groups", [])]
     if tensors != [1]:

@@ -121,6 +121,10 @@ class Config:
     """Hidden layer widths of the policy and value MLPs."""
     activation: Literal["tanh", "relu", "elu"] = "tanh"
     """Hidden activation."""
+    shared_trunk: bool = False
+    """Policy and value share one MLP of hidden_sizes and differ only in their linear output layers (rl_games'
+    `separate: False`): half the arithmetic of two MLPs of the same widths, and the value loss (vf_coef) shapes
+    the policy's features too. Policy "mlp" only (a GRU's core is always shared)."""
     log_std_init: float = -1.0
     """Initial state-independent log standard deviation of the Gaussian policy (-1.0: std 0.37 for actions
     in [-1, 1]; with CleanRL's 0.0, half the HalfCheetah seeds settled in a slow gait, docs/tuning.md)."""
@@ -296,6 +300,8 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         )
     if cfg.recompute_advantages and cfg.policy == "gru":
         raise _fail("recompute_advantages", True, 'needs policy "mlp" (a GRU\'s values depend on its state)')
+    if cfg.shared_trunk and cfg.policy == "gru":
+        raise _fail("shared_trunk", True, 'needs policy "mlp" (a GRU\'s encoder and core are always shared)')
     if not cfg.hidden_sizes or any(h <= 0 for h in cfg.hidden_sizes):
         raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
     if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():

@@ -1,5 +1,6 @@
-"""The actor-critic: a Gaussian MLP policy with state-independent log-std, and an MLP value head; and its forward
-pass in numpy (`PolicyKernel`), which the actors run at every env step.
+"""The actor-critic: a Gaussian MLP policy with state-independent log-std, and an MLP value head, either two MLPs or
+one trunk with two linear heads (`shared_trunk`); and its forward pass in numpy (`PolicyKernel`), which the actors
+run at every env step.
 
 Initialisation follows CleanRL's ppo_continuous_action: orthogonal weights with gain sqrt(2) in the
 hidden layers, 0.01 on the policy output and 1.0 on the value output, zero biases.
@@ -21,6 +22,7 @@ from ppo_ddp.normalization import Moments, unscale_value, value_scale
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 ACTIVATION_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu}  # the same, as functions
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+PARTS = ("trunk", "critic", "actor_mean")  # ActorCritic's layer containers, in the order _parts returns them
 
 
 def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
@@ -57,9 +59,14 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
 
 
 class ActorCritic(nn.Module):
-    """The two MLPs and the log-std. The nn.Sequential containers hold the layers (their names are the checkpoints'
-    keys); the forward is `_mlp_forward` on the layers' tensors, so that the PPO step can run the same forward on
-    views of its flat parameter (`evaluate(..., params=)`) without swapping the module's parameters."""
+    """The policy's mean, the value and the log-std. Two MLPs of hidden_sizes (`critic`, `actor_mean`), or with
+    shared_trunk one MLP body (`trunk`) whose features feed two linear heads (`actor_mean`, `critic`): rl_games'
+    `separate: False`, half the arithmetic of a round for the same widths, the value loss shaping the policy's
+    features too (vf_coef weighs it). The separate model's trunk is empty, so its checkpoints' keys are unchanged.
+
+    The nn.Sequential containers hold the layers (their names are the checkpoints' keys); the forward is
+    `_mlp_forward` on the layers' tensors, so that the PPO step can run the same forward on views of its flat
+    parameter (`evaluate(..., params=)`) without swapping the module's parameters."""
 
     def __init__(
         self,
@@ -68,40 +75,50 @@ class ActorCritic(nn.Module):
         hidden_sizes: Sequence[int] = (64, 64),
         activation: str = "tanh",
         log_std_init: float = 0.0,
+        shared_trunk: bool = False,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r}: must be one of {', '.join(ACTIVATIONS)}")
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.activation = ACTIVATION_FUNCTIONS[activation]
-        self.critic = _mlp(obs_dim, hidden_sizes, 1, activation, out_gain=1.0)
-        self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, activation, out_gain=0.01)
+        body = hidden_sizes if shared_trunk else ()
+        self.trunk = nn.Sequential(*hidden_layers(obs_dim, body, activation))
+        heads_in, head_hidden = (hidden_sizes[-1], ()) if shared_trunk else (obs_dim, hidden_sizes)
+        self.critic = _mlp(heads_in, head_hidden, 1, activation, out_gain=1.0)
+        self.actor_mean = _mlp(heads_in, head_hidden, act_dim, activation, out_gain=0.01)
         self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
         # where each part's tensors are in model.parameters() order, the order of every flat copy (flat_views)
         names = [name for name, _ in self.named_parameters()]
         self._log_std_at = names.index("actor_logstd")
-        self._critic_at = [i for i, name in enumerate(names) if name.startswith("critic.")]
-        self._actor_at = [i for i, name in enumerate(names) if name.startswith("actor_mean.")]
+        self._at = {part: [i for i, n in enumerate(names) if n.startswith(part + ".")] for part in PARTS}
 
-    def _parts(self, params: Optional[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, list, list]:
-        """(log-std, critic tensors, actor tensors) of params, or of the model's own parameters."""
+    def _parts(self, params: Optional[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, list, list, list]:
+        """(log-std, trunk tensors, critic tensors, actor tensors) of params, or of the model's own parameters."""
         params = list(self.parameters()) if params is None else params
-        return params[self._log_std_at], [params[i] for i in self._critic_at], [params[i] for i in self._actor_at]
+        return params[self._log_std_at], *([params[i] for i in self._at[part]] for part in PARTS)
+
+    def _heads(self, obs: torch.Tensor, params: Optional[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        """(log-std, action mean, value) of a batch of normalised observations."""
+        log_std, trunk, critic, actor = self._parts(params)
+        features = _mlp_forward(obs, trunk, self.activation, last=True)
+        mean = _mlp_forward(features, actor, self.activation)
+        return log_std, mean, _mlp_forward(features, critic, self.activation).squeeze(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return _mlp_forward(obs, self._parts(None)[1], self.activation).squeeze(-1)
+        return self._heads(obs, None)[2]
 
     def action_mean(self, obs: torch.Tensor) -> torch.Tensor:
-        return _mlp_forward(obs, self._parts(None)[2], self.activation)
+        return self._heads(obs, None)[1]
 
     def sample(
         self, obs: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw Normal sample, its log-prob, value) for a batch of normalised observations."""
-        mean = self.action_mean(obs)
+        log_std, mean, value = self._heads(obs, None)
         noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
-        action = mean + noise * torch.exp(self.actor_logstd)
-        return action, gaussian_log_prob(mean, self.actor_logstd, action), self.value(obs)
+        action = mean + noise * torch.exp(log_std)
+        return action, gaussian_log_prob(mean, log_std, action), value
 
     def initial_state(self, n: int) -> None:
         """The memory of n envs at their episodes' start: an MLP has none (RecurrentActorCritic's is zeros)."""
@@ -127,18 +144,17 @@ class ActorCritic(nn.Module):
         The std does not depend on the observation, so neither does the entropy: it comes back as one number
         (a 0-dim tensor) that holds for every sample, not as a [B] vector of copies of it.
         """
-        log_std, critic, actor = self._parts(params)
-        mean = _mlp_forward(obs, actor, self.activation)
-        value = _mlp_forward(obs, critic, self.activation).squeeze(-1)
+        log_std, mean, value = self._heads(obs, params)
         return gaussian_log_prob(mean, log_std, action), gaussian_entropy(log_std), value
 
 
-def _mlp_forward(x: torch.Tensor, tensors: Sequence[torch.Tensor], activation) -> torch.Tensor:
-    """An MLP from its (weight, bias) tensors in layer order, the activation between layers."""
+def _mlp_forward(x: torch.Tensor, tensors: Sequence[torch.Tensor], activation, last: bool = False) -> torch.Tensor:
+    """An MLP from its (weight, bias) tensors in layer order, the activation between layers, and after the last
+    one too when `last` (a trunk, whose features feed heads). No tensors: x itself."""
     layers = len(tensors) // 2
     for i in range(layers):
         x = F.linear(x, tensors[2 * i], tensors[2 * i + 1])
-        if i < layers - 1:
+        if last or i < layers - 1:
             x = activation(x)
     return x
 
@@ -210,7 +226,8 @@ class PolicyKernel:
     benchmark machine), and this runs once per env step. The math is the model's own: `load(model)` takes
     the weights of the round from the CPU ActorCritic (filled by read_flat_parameters), the layers and
     activation are the model's, and tests check values and log-probs against model.value / model.evaluate.
-    The first layers of the policy and the value MLP share one matmul (their inputs are the same).
+    The first layers of the policy and the value MLP share one matmul (their inputs are the same); with a shared
+    trunk, its layers run first and the two linear heads are that one matmul.
     """
 
     _ACTIVATIONS = {
@@ -231,6 +248,7 @@ class PolicyKernel:
         def linears(seq: torch.nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
             return [numpy_linear(m.weight, m.bias) for m in seq if isinstance(m, torch.nn.Linear)]
 
+        self.trunk = linears(model.trunk)
         actor, critic = linears(model.actor_mean), linears(model.critic)
         self.width = actor[0][0].shape[1]
         self.first = (np.concatenate([actor[0][0], critic[0][0]], axis=1), np.concatenate([actor[0][1], critic[0][1]]))
@@ -243,8 +261,14 @@ class PolicyKernel:
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(action mean [N, act_dim], value [N]) for normalised float32 observations [N, obs_dim]."""
+        for w, b in self.trunk:  # a shared trunk's layers, each followed by the activation
+            obs = obs @ w
+            obs += b
+            self.activation(obs)
         h = obs @ self.first[0]
         h += self.first[1]
+        if not self.actor_rest:  # the heads were linear: h is [mean | value]
+            return h[:, : self.width], unscale_value(h[:, self.width], self.value_scale)
         self.activation(h)
         out = []
         for x, layers in ((h[:, : self.width], self.actor_rest), (h[:, self.width :], self.critic_rest)):

@@ -299,13 +299,14 @@ class RecurrentKernel:
 
 
 def make_model(cfg: Config, obs_dim: int, act_dim: int) -> ActorCritic | RecurrentActorCritic:
-    """The network a config describes (policy, hidden_sizes, activation, log_std_init, rnn_hidden_size), on the
-    CPU: every process that builds one (learner, actors, evaluator, evaluate) builds it here."""
+    """The network a config describes (policy, hidden_sizes, activation, shared_trunk, log_std_init,
+    rnn_hidden_size), on the CPU: every process that builds one (learner, actors, evaluator, evaluate) builds it
+    here."""
     if cfg.policy == "gru":
         return RecurrentActorCritic(
             obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.rnn_hidden_size
         )
-    return ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
+    return ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.shared_trunk)
 
 
 def make_kernel(model: ActorCritic | RecurrentActorCritic, activation: str) -> PolicyKernel | RecurrentKernel:

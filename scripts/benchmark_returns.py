@@ -15,7 +15,10 @@ same env/seed/world size/preset/sync mode, so a matrix can be run in pieces); wa
 summed over the run's sessions (start-up excluded); mujoco is the MuJoCo version the run's venv had (the dmc extra
 puts 3.17.0 in place of 4.0.0; empty in rows written before the column); resumed says whether the run was resumed
 (its log has a "resumed from" line) and resume_exact whether every resume continued the envs' episodes exactly
-(issue 47; a resumed run then equals a fresh one), both empty in rows written before them. The tables in
+(issue 47; a resumed run then equals a fresh one), both empty in rows written before them; first_5000_steps and
+first_5000_seconds are the env steps and the training time (summed as wall_seconds) at which the run's periodic
+deterministic evaluation (eval.csv) first reached a mean of 5000: the time to score of a 10M preset (empty when it
+never did, or in rows written before them). The tables in
 docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the scale presets;
 world_sizes.png: world sizes and sync modes; returns_partial.png: the partly observed envs; returns_dmc.png: the
 DeepMind Control Suite) are rebuilt from all rows, by scripts/returns_tables.py.
@@ -84,7 +87,12 @@ FIELDS = [
     "mujoco",
     "resumed",
     "resume_exact",
+    "first_5000_steps",
+    "first_5000_seconds",
 ]
+SCORE_TO_REACH = 5000.0
+"""The score whose first time a row records (issue 45: Humanoid and Ant at 10M steps; reached by no 1M preset but
+HalfCheetah's and InvertedDoublePendulum's, where it is recorded all the same)."""
 
 
 def mujoco_version() -> str:
@@ -107,12 +115,23 @@ def run_name(env: str, seed: int, world_size: int, scale: bool, sync_mode: str, 
     return name + (f"_f{hashlib.sha1(' '.join(flags).encode()).hexdigest()[:6]}" if flags else "")
 
 
-def training_seconds(metrics_csv: Path) -> float:
-    """Training time over every session of a run: charts/elapsed_seconds restarts at each resume."""
+def training_seconds(metrics_csv: Path, until_iteration: float = math.inf) -> float:
+    """Training time over every session of a run, to the end of round until_iteration: charts/elapsed_seconds
+    restarts at each resume."""
     with open(metrics_csv, newline="") as f:
-        elapsed = [float(r["charts/elapsed_seconds"]) for r in csv.DictReader(f)]
+        rows = [r for r in csv.DictReader(f) if int(r["iteration"]) <= until_iteration]
+    elapsed = [float(r["charts/elapsed_seconds"]) for r in rows]
     ends = [a for a, b in zip(elapsed, elapsed[1:]) if b < a] + elapsed[-1:]
     return sum(ends)
+
+
+def time_to_score(eval_csv: Path, metrics_csv: Path, score: float = SCORE_TO_REACH) -> tuple[str, str]:
+    """(env steps, training seconds) when the run's periodic evaluation first reached `score`; ("", "") if never."""
+    rows = read_rows(eval_csv)
+    first = next((r for r in rows if float(r["eval/episodic_return"]) >= score), None)
+    if first is None:
+        return "", ""
+    return first["global_step"], f"{training_seconds(metrics_csv, int(first['iteration'])):.1f}"
 
 
 def train(
@@ -234,6 +253,7 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
         total_steps = max(int(r["global_step"]) for r in csv.DictReader(f))
     wall = training_seconds(metrics_csv)
     resumed, exact = resume_record(args.runs_dir / f"{run_dir.name}.log")
+    first_steps, first_seconds = time_to_score(run_dir / "eval.csv", metrics_csv)
     row = {
         "env": env_id,
         "seed": seed,
@@ -256,6 +276,8 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
         # these columns say neither
         "resumed": resumed,
         "resume_exact": exact,
+        "first_5000_steps": first_steps,
+        "first_5000_seconds": first_seconds,
     }
     print(
         f"  {env_id} seed {seed} world {world} {sync}: eval {row['eval_mean']} ± {row['eval_std']}, "

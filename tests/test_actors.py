@@ -166,9 +166,10 @@ def test_buffer_layout_sentinel_and_stats():
     assert not os.path.exists(f"/dev/shm/{owner.name}")
 
 
+@pytest.mark.parametrize("shared_trunk", [False, True])
 @pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
-def test_policy_kernel_matches_model(activation):
-    model = ActorCritic(9, 3, (32, 16), activation, log_std_init=-0.5)
+def test_policy_kernel_matches_model(activation, shared_trunk):
+    model = ActorCritic(9, 3, (32, 16), activation, log_std_init=-0.5, shared_trunk=shared_trunk)
     kernel = PolicyKernel(model, activation)
     obs = torch.randn(13, 9) * 3
     mean, value = kernel(obs.numpy())

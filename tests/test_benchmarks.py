@@ -299,3 +299,18 @@ def test_a_row_says_whether_its_run_was_resumed_and_whether_exactly(tmp_path, mo
     assert resume_record(log) == ("yes", "yes")
     log.write_text(log.read_text() + "the envs start new episodes: the checkpoint holds no env state\n")
     assert resume_record(log) == ("yes", "no")
+
+
+def test_time_to_score_is_the_first_evaluation_at_the_score_with_the_training_time_over_every_session(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchmark_returns import time_to_score
+
+    # rounds 1-4 in one session (elapsed 10-40 s), stopped, rounds 5-8 in a second one (elapsed restarts: 12-48 s)
+    with open(tmp_path / "metrics.csv", "w") as f:
+        f.write("iteration,global_step,charts/elapsed_seconds\n")
+        for it, elapsed in zip(range(1, 9), (10, 20, 30, 40, 12, 24, 36, 48)):
+            f.write(f"{it},{it * 100},{elapsed}\n")
+    with open(tmp_path / "eval.csv", "w") as f:
+        f.write("iteration,global_step,eval/episodic_return\n2,200,4000.0\n4,400,4999.9\n6,600,5000.0\n8,800,6100.0\n")
+    assert time_to_score(tmp_path / "eval.csv", tmp_path / "metrics.csv") == ("600", "64.0")  # 40 + 24 s
+    assert time_to_score(tmp_path / "eval.csv", tmp_path / "metrics.csv", score=7000.0) == ("", "")

@@ -48,6 +48,7 @@ def test_adaptive_rate_goes_down_above_the_band_and_up_below_it():
         (["--sync-mode", "gradients", "--param-sync-interval", "2"], "param_sync_interval=2: must be 1 with sync_mode"),
         (["--lr-kl-target", "0"], "lr_kl_target=0.0: must be > 0"),
         (["--learner-threads", "0"], "learner_threads=0: must be a positive integer"),
+        (["--shared-trunk", "--policy", "gru"], 'shared_trunk=True: needs policy "mlp"'),
     ],
 )
 def test_bad_scaling_flags_are_one_line_and_exit_2(argv, message, capsys):
@@ -56,6 +57,31 @@ def test_bad_scaling_flags_are_one_line_and_exit_2(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---- a shared trunk -------------------------------------------------------------------------------------------
+def test_a_shared_trunk_is_one_body_whose_features_both_linear_heads_read():
+    torch.manual_seed(0)
+    separate, shared = ActorCritic(10, 3, (64, 32), "elu"), ActorCritic(10, 3, (64, 32), "elu", shared_trunk=True)
+    # the separate model's keys are those of every checkpoint written before shared_trunk existed
+    assert [n for n, _ in separate.named_parameters()] == [
+        "actor_logstd",
+        *(f"critic.{i}.{w}" for i in (0, 2, 4) for w in ("weight", "bias")),
+        *(f"actor_mean.{i}.{w}" for i in (0, 2, 4) for w in ("weight", "bias")),
+    ]
+    assert [tuple(p.shape) for n, p in shared.named_parameters() if not n.startswith("trunk.")] == [
+        (3,), (1, 32), (1,), (3, 32), (3,)
+    ]  # fmt: skip
+    body = (10 * 64 + 64) + (64 * 32 + 32)
+    assert sum(p.numel() for p in shared.parameters()) == body + (32 + 1) + (32 * 3 + 3) + 3
+    # the value's gradient reaches the policy's layers through the trunk, and only there
+    obs = torch.randn(5, 10)
+    for model, reaches in ((separate, False), (shared, True)):
+        model.zero_grad()
+        model.value(obs).sum().backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        assert all(g is None or not g.any() for n, g in grads.items() if n.startswith("actor_mean."))
+        assert any(g is not None and g.any() for n, g in grads.items() if n.startswith("trunk.")) == reaches
 
 
 # ---- value normalisation --------------------------------------------------------------------------------------
