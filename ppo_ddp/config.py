@@ -113,6 +113,10 @@ class Config:
     """Value loss coefficient."""
     max_grad_norm: float = 0.5
     """Gradient clipping by global norm."""
+    bounds_loss_coef: float = 0.0
+    """Weight of the squared norm of the Gaussian's mean (averaged over samples) in the loss: rl_games' bounds loss
+    of type "regularisation", which keeps the mean of a large network's policy near the action range the env clips
+    actions to (0: no such term)."""
     target_kl: Optional[float] = None
     """Stop the round's epochs early once the approximate KL exceeds this (None: never)."""
 
@@ -203,7 +207,7 @@ COUNT_FIELDS = tuple(
 POSITIVE_FLOAT_FIELDS = tuple(
     "learning_rate lr_kl_target clip_coef max_grad_norm obs_clip reward_clip actor_timeout".split()
 )
-NON_NEGATIVE_FLOAT_FIELDS = ("ent_coef", "vf_coef")
+NON_NEGATIVE_FLOAT_FIELDS = ("ent_coef", "vf_coef", "bounds_loss_coef")
 
 
 def field_names() -> list[str]:

@@ -131,9 +131,10 @@ class ActorCritic(nn.Module):
         the same interface as RecurrentActorCritic.act, so an episode loop serves both."""
         return (self.action_mean(obs) if deterministic else self.sample(obs, generator)[0]), None
 
-    def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """evaluate() on a PPO mini-batch (ppo_ddp/ppo_step.py's Minibatch): the loss's one call into the network."""
-        return self.evaluate(mb.obs, mb.actions, params)
+    def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """evaluate() on a PPO mini-batch (ppo_ddp/ppo_step.py's Minibatch), and the action mean [B, A] as its fourth
+        value (for bounds_loss_coef): the loss's one call into the network."""
+        return self._evaluate(mb.obs, mb.actions, params)
 
     def evaluate(
         self, obs: torch.Tensor, action: torch.Tensor, params: Optional[Sequence[torch.Tensor]] = None
@@ -144,8 +145,12 @@ class ActorCritic(nn.Module):
         The std does not depend on the observation, so neither does the entropy: it comes back as one number
         (a 0-dim tensor) that holds for every sample, not as a [B] vector of copies of it.
         """
+        return self._evaluate(obs, action, params)[:3]
+
+    def _evaluate(self, obs: torch.Tensor, action: torch.Tensor, params: Optional[Sequence[torch.Tensor]]) -> tuple:
+        """(log-prob, entropy, value, action mean)."""
         log_std, mean, value = self._heads(obs, params)
-        return gaussian_log_prob(mean, log_std, action), gaussian_entropy(log_std), value
+        return gaussian_log_prob(mean, log_std, action), gaussian_entropy(log_std), value, mean
 
 
 def _mlp_forward(x: torch.Tensor, tensors: Sequence[torch.Tensor], activation, last: bool = False) -> torch.Tensor:

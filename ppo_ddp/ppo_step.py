@@ -92,16 +92,17 @@ class PPOStep:
         self.shapes = [p.shape for p in model.parameters()]
         self.sizes = [p.numel() for p in model.parameters()]
         self.clip_vloss = cfg.clip_vloss
+        self.bounds_loss = cfg.bounds_loss_coef > 0  # fixed for a run: off, the graph has no such term at all
         # The coefficients as one tensor, an input of the compiled graph rather than constants baked into it:
         # configs that differ only in them (a search's trials, the tests) share one compiled step in the cache.
         device = next(model.parameters()).device
-        coefs = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm)
+        coefs = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm, cfg.bounds_loss_coef)
         self.coefs = torch.tensor(coefs, dtype=torch.float32, device=device)
 
     def loss(self, params: torch.Tensor, mb: Minibatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The PPO loss at `params`; also ([pg_loss, v_loss, entropy], log-ratio) for the round's metrics."""
         views = [t.view(shape) for shape, t in zip(self.shapes, params.split(self.sizes))]
-        new_logp, entropy, new_value = self.model.evaluate_minibatch(mb, views)
+        new_logp, entropy, new_value, mean = self.model.evaluate_minibatch(mb, views)
         clip_coef, ent_coef, vf_coef = self.coefs[0], self.coefs[1], self.coefs[2]
         log_ratio = new_logp - mb.old_logp
         ratio = log_ratio.exp()
@@ -113,6 +114,8 @@ class PPOStep:
         else:
             v_loss = 0.5 * (new_value - mb.returns).pow(2).mean()
         loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
+        if self.bounds_loss:  # rl_games' bounds loss of type "regularisation": the squared norm of the action mean
+            loss = loss + self.coefs[4] * mean.pow(2).sum(-1).mean()
         return loss, (torch.stack([pg_loss, v_loss, entropy]), log_ratio)
 
     def gradient(self, params: torch.Tensor, mb: Minibatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

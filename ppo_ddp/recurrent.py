@@ -241,14 +241,18 @@ class RecurrentActorCritic(nn.Module):
         params: Optional[Sequence[torch.Tensor]] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log-prob of actions [C, T], entropy (one number, as ActorCritic.evaluate's), value [C, T])."""
-        params = list(self.parameters()) if params is None else params
+        return self._evaluate(obs, actions, h0, starts, list(self.parameters()) if params is None else params)[:3]
+
+    def _evaluate(self, obs, actions, h0, starts, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """(log-prob, entropy, value, action mean)."""
         mean, value, _ = self.forward_chunks(obs, h0, starts, params)
         (log_std,) = self._part(params, "actor_logstd")
-        return gaussian_log_prob(mean, log_std, actions), gaussian_entropy(log_std), value
+        return gaussian_log_prob(mean, log_std, actions), gaussian_entropy(log_std), value, mean
 
-    def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """evaluate_chunks() on a PPO mini-batch of chunks (its hidden and episode_start): the loss's one call."""
-        return self.evaluate_chunks(mb.obs, mb.actions, mb.hidden, mb.episode_start, params)
+    def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """evaluate_chunks() on a PPO mini-batch of chunks (its hidden and episode_start), and the action mean
+        [C, T, A] as its fourth value (for bounds_loss_coef): the loss's one call."""
+        return self._evaluate(mb.obs, mb.actions, mb.hidden, mb.episode_start, params)
 
     def initial_state(self, n: int) -> torch.Tensor:
         """The state of n envs at their episodes' start: zeros [n, H]."""

@@ -41,10 +41,17 @@ CONFIGS = {
     "elu-anneal": Config(activation="elu", hidden_sizes=(24,), max_grad_norm=0.05),
     # one trunk for policy and value (rl_games' separate: False): the value loss's gradient reaches the policy's layers
     "elu-shared_trunk-normalize_value": Config(
-        activation="elu", hidden_sizes=(32, 16), shared_trunk=True, normalize_value=True, vf_coef=4.0
-    ),
+        activation="elu",
+        hidden_sizes=(32, 16),
+        shared_trunk=True,
+        normalize_value=True,
+        vf_coef=4.0,
+        bounds_loss_coef=0.01,
+    ),  # fmt: skip
     # the recurrent policy: mini-batches of chunks, unrolled from their entering states with resets inside
-    "gru-chunks": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), ent_coef=0.01),
+    "gru-chunks": Config(
+        policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), ent_coef=0.01, bounds_loss_coef=0.01
+    ),
 }
 
 

@@ -108,6 +108,30 @@ def test_value_clipping_bounds_how_far_values_move():
     assert value_shift(clip_vloss=True) < 1.0 < value_shift(clip_vloss=False)
 
 
+@pytest.mark.parametrize("policy", ["mlp", "gru"])
+def test_the_bounds_loss_is_the_weighted_squared_norm_of_the_action_mean(policy):
+    from ppo_ddp.ppo_step import Minibatch, PPOStep
+    from ppo_ddp.recurrent import make_model
+
+    cfg = Config(policy=policy, seq_length=4, hidden_sizes=(16,), rnn_hidden_size=8)
+    torch.manual_seed(0)
+    model = make_model(cfg, OBS, ACT)
+    g = torch.Generator().manual_seed(1)
+    shape = (8, 4) if policy == "gru" else (32,)
+    mb = Minibatch(torch.randn(*shape, OBS, generator=g), torch.randn(*shape, ACT, generator=g),
+                   torch.randn(shape, generator=g), torch.randn(shape, generator=g), torch.randn(shape, generator=g),
+                   torch.randn(shape, generator=g), torch.zeros(8, 8) if policy == "gru" else None,
+                   torch.zeros(8, 4) if policy == "gru" else None)  # fmt: skip
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) + 0.3  # means well away from 0
+    mean = model.evaluate_minibatch(mb, [t.view_as(p) for p, t in zip(model.parameters(), params.split(
+        [p.numel() for p in model.parameters()]))])[3]  # fmt: skip
+    without = PPOStep(cfg, model).loss(params, mb)[0]
+    with_it = PPOStep(dataclasses.replace(cfg, bounds_loss_coef=0.05), model).loss(params, mb)[0]
+    expected = 0.05 * mean.pow(2).sum(-1).mean()
+    assert expected > 1e-3
+    torch.testing.assert_close(with_it - without, expected, rtol=1e-5, atol=1e-7)
+
+
 def test_set_learning_rate():
     learner, _ = make(Config())
     learner.set_learning_rate(1e-5)
