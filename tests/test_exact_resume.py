@@ -1,8 +1,8 @@
 """Exact resume (issue 47): a stopped and resumed run is the uninterrupted one, bit for bit, because each actor's
-envs and carried state travel in the checkpoint (ppo_ddp/env_state.py, Actor.carried). The 2-rank SIGTERM case is
-tests/test_reliability.py's, the overlapped one tests/test_overlap.py's; here one learner: a GRU stopped by
-SIGTERM, a learner killed by SIGKILL that resumes from its periodic checkpoint and redoes the rounds since, a
-checkpoint written before exact resume, and an env whose state cannot be captured."""
+envs and carried state travel in the checkpoint (ppo_ddp/env_state.py, Actor.carried). The 2-rank MLP SIGTERM case
+is tests/test_reliability.py's, the overlapped one tests/test_overlap.py's; here a GRU stopped by SIGTERM on one
+learner and on two ranks, a learner killed by SIGKILL that resumes from its periodic checkpoint and redoes the
+rounds since, a checkpoint written before exact resume, and an env whose state cannot be captured."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from test_reliability import DETERMINISTIC, Launch, assert_same_state
+from test_reliability import DETERMINISTIC, TORCHRUN, Launch, assert_same_state, torchrun
 from test_train import SMALL, read_csv
 
 ROUND = 64  # 1 actor x 2 envs x 32 steps
@@ -27,26 +27,29 @@ def learner(tmp_path: Path, name: str, *extra: str, rounds: int = ROUNDS) -> lis
             "--runs-dir", str(tmp_path / "runs"), "--run-name", name, *extra]  # fmt: skip
 
 
-def dump(debug: Path, k: int) -> dict:
-    return torch.load(debug / f"rank0_iter{k}.pt", weights_only=True)
+def dump(debug: Path, k: int, rank: int = 0) -> dict:
+    return torch.load(debug / f"rank{rank}_iter{k}.pt", weights_only=True)
 
 
-def assert_same_run(tmp_path: Path, u: str, r: str) -> None:
-    """Every logged number of runs u and r, and the parameters and Adam moments of their last round, bit for bit."""
+def assert_same_run(tmp_path: Path, u: str, r: str, ranks: int = 1) -> None:
+    """Every logged number of runs u and r, and every rank's parameters and Adam moments of their last round, bit
+    for bit."""
     u_rows, r_rows = read_csv(tmp_path / "runs" / u / "metrics.csv"), read_csv(tmp_path / "runs" / r / "metrics.csv")
     assert [int(row["iteration"]) for row in r_rows] == list(range(1, ROUNDS + 1))
     for a, b in zip(u_rows, r_rows, strict=True):
         assert [a[c] for c in DETERMINISTIC] == [b[c] for c in DETERMINISTIC], (a["iteration"], a, b)
-    last_u, last_r = dump(tmp_path / f"debug_{u}", ROUNDS), dump(tmp_path / f"debug_{r}", ROUNDS)
-    assert torch.equal(last_u["params"], last_r["params"])
-    assert_same_state(last_r["optimizer"], last_u["optimizer"], "Adam moments at the end")
+    for rank in range(ranks):
+        last_u, last_r = dump(tmp_path / f"debug_{u}", ROUNDS, rank), dump(tmp_path / f"debug_{r}", ROUNDS, rank)
+        assert torch.equal(last_u["params"], last_r["params"]), f"rank {rank} parameters"
+        assert_same_state(last_r["optimizer"], last_u["optimizer"], f"rank {rank} Adam moments at the end")
 
 
-def resume_command(stopped: Launch) -> list[str]:
+def resume_command(stopped: Launch, torchrun: bool = False) -> list[str]:
+    """The command the stopped run printed, its launcher (python or torchrun) run by this interpreter."""
     line = next(text for text in stopped.stdout.splitlines() if text.startswith("stopped by"))
     command = shlex.split(line.split("Resume with: ", 1)[1])
-    assert command[:2] == ["python", "train.py"], command
-    return [sys.executable, *command[1:]]
+    assert command[0] == ("torchrun" if torchrun else "python") and "train.py" in command, command
+    return [*(TORCHRUN if torchrun else [sys.executable]), *command[1:]]
 
 
 def test_a_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):
@@ -59,6 +62,19 @@ def test_a_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):
     assert r.wait() == 0, r.output()
     assert NEW_EPISODES not in r.stdout, r.output()
     assert_same_run(tmp_path, "u", "r")
+
+
+def test_a_two_rank_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):
+    # every rank's actors carry their GRU states, episode-start flags and discounted returns (reward scaling on)
+    u = Launch(torchrun(tmp_path, "u", ROUNDS, *GRU), tmp_path, "u", debug=tmp_path / "debug_u")
+    assert u.wait() == 0, u.output()
+    i = Launch(torchrun(tmp_path, "r", ROUNDS, *GRU), tmp_path, "i", debug=tmp_path / "debug_r")
+    os.kill(i.wait_for_dump(1, 3)["pid"], signal.SIGTERM)
+    assert i.wait() == 1, i.output()  # torchrun reports the stopped group
+    r = Launch(resume_command(i, torchrun=True), tmp_path, "r", debug=tmp_path / "debug_r")
+    assert r.wait() == 0, r.output()
+    assert NEW_EPISODES not in r.stdout, r.output()
+    assert_same_run(tmp_path, "u", "r", ranks=2)
 
 
 def test_a_killed_learner_redoes_its_rounds_from_the_periodic_checkpoint_exactly(tmp_path):
