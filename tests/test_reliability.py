@@ -561,13 +561,18 @@ CHECKPOINT_CASES = {
     "another network shape": (
         lambda t: fake_checkpoint(t / "wide.pt", hidden=(32, 32)),
         [],
-        r"resume='.*wide\.pt': checkpoint's network is hidden_sizes \[32, 32\] activation tanh, "
-        r"this run's is hidden_sizes \[64, 64\] activation tanh",
+        r"resume='.*wide\.pt': checkpoint's network is hidden_sizes \[32, 32\] activation tanh shared_trunk False, "
+        r"this run's is hidden_sizes \[64, 64\] activation tanh shared_trunk False",
+    ),
+    "a shared trunk": (
+        lambda t: fake_checkpoint(t / "separate.pt"),
+        ["--shared-trunk"],
+        r"resume='.*separate\.pt': checkpoint's network is .* shared_trunk False, this run's is .* shared_trunk True",
     ),
     "another activation": (
         lambda t: fake_checkpoint(t / "tanh.pt"),
         ["--activation", "relu"],
-        r"resume='.*tanh\.pt': checkpoint's network is .* activation tanh, this run's is .* activation relu",
+        r"resume='.*tanh\.pt': checkpoint's network is .* activation tanh .*, this run's is .* activation relu",
     ),
     "policy-only file": (
         lambda t: fake_checkpoint(t / "policy.pt", policy_only=True),
