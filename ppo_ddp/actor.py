@@ -44,6 +44,8 @@ class ActorReport:
     """Moments of the T*E raw observations the policy acted on this round (an increment, not history)."""
     return_moments: Optional[Moments]
     """Moments of this round's discounted returns G (None unless cfg.normalize_reward)."""
+    critic_moments: Optional[Moments] = None
+    """Moments of the T*E raw privileged observations the critic valued this round (cfg.critic_obs)."""
     noise_state: Optional[np.ndarray] = None
     """The action-noise generator's state after the round (uint8), for checkpoints: a resumed actor continues it.
     numpy, not a torch tensor: torch pickles tensors through pipes as shared memory and passed fds."""
@@ -63,12 +65,13 @@ class EnvError(RuntimeError):
 
 
 class Final(NamedTuple):
-    """An episode that ended at step `step` of env `env`: its raw final observation and, for a GRU, the state
-    after that step (the bootstrap of a truncation reads them)."""
+    """An episode that ended at step `step` of env `env`: its raw final observation, the critic's own (critic_obs)
+    and, for a GRU, the state after that step (the bootstrap of a truncation reads them)."""
 
     step: int
     env: int
     obs: np.ndarray
+    critic: Optional[np.ndarray]
     state: Optional[np.ndarray]
 
 
@@ -89,7 +92,8 @@ class Actor:
             raise ValueError(
                 f"buffer holds [T={spec.rollout_length}, E={spec.envs_per_actor}], config asks for [T={T}, E={E}]"
             )
-        self.envs = make_env_group([make_env(cfg.env_id) for _ in range(E)], cfg.batch_envs)
+        Dc = spec.critic_dim
+        self.envs = make_env_group([make_env(cfg.env_id) for _ in range(E)], cfg.batch_envs, cfg.critic_obs)
         space = self.envs.envs[0].action_space
         obs_shape = self.envs.envs[0].observation_space.shape
         if obs_shape != (D,) or space.shape != (spec.act_dim,):
@@ -99,7 +103,7 @@ class Actor:
             )
         self.action_low = np.asarray(space.low, dtype=np.float32)
         self.action_high = np.asarray(space.high, dtype=np.float32)
-        self.model = make_model(cfg, D, spec.act_dim)
+        self.model = make_model(cfg, D, spec.act_dim, Dc)
         self.model.requires_grad_(False)
         self.kernel = make_kernel(self.model, cfg.activation)
         # A GRU's memory of each env (None for an MLP): zeroed when the env's episode ends, carried across rounds;
@@ -112,6 +116,7 @@ class Actor:
         self.discounted = DiscountedReturn(E, cfg.gamma) if cfg.normalize_reward else None
         # persistent across rounds: raw[0] holds the observation each env is in when a round starts
         self.raw = np.zeros((T + 1, E, D), dtype=np.float64)
+        self.raw_critic = np.zeros((T + 1, E, Dc), dtype=np.float64) if Dc else None  # the same, the critic's
         self.started = False
         self.episode_return = np.zeros(E, dtype=np.float64)
         self.episode_length = np.zeros(E, dtype=np.int64)
@@ -131,11 +136,13 @@ class Actor:
     def _first_reset(self) -> None:
         for e in range(len(self.envs)):
             try:
-                self.raw[0, e] = self.envs.reset(e, seed=env_seed(self.cfg.seed, self.rank, self.actor_id, e))
+                seed = env_seed(self.cfg.seed, self.rank, self.actor_id, e)
+                self.raw[0, e] = self.envs.reset(e, seed, self._critic_row(0, e))
             except EnvFailure as failure:
                 exc = failure.__cause__
                 raise EnvError(f"env {e} failed in its first reset: {type(exc).__name__}: {exc}", e, None) from exc
-            if not np.isfinite(self.raw[0, e]).all():
+            critic = self._critic_row(0, e)
+            if not (np.isfinite(self.raw[0, e]).all() and (critic is None or np.isfinite(critic).all())):
                 raise EnvError(f"env {e} returned a non-finite observation from its first reset", e, None)
         self.started = True
 
@@ -146,21 +153,27 @@ class Actor:
                 return EnvError(
                     f"env {e} returned a non-finite reward {self.rewards[t, e]} at step {t} of round {round_k}", e, t
                 )
-            bad = np.flatnonzero(~np.isfinite(self.raw[t + 1, e]))
-            if bad.size:
-                return EnvError(
-                    f"env {e} returned a non-finite observation at step {t} of round {round_k} "
-                    f"(entries {bad.tolist()})",
-                    e,
-                    t,
-                )
+            for what, rows in (("observation", self.raw), ("critic observation", self.raw_critic)):
+                bad = np.flatnonzero(~np.isfinite(rows[t + 1, e])) if rows is not None else ()
+                if len(bad):
+                    return EnvError(
+                        f"env {e} returned a non-finite {what} at step {t} of round {round_k} (entries {bad.tolist()})",
+                        e,
+                        t,
+                    )
         raise AssertionError("_non_finite called on finite data")
+
+    def _critic_row(self, t: int, e: Optional[int] = None) -> Optional[np.ndarray]:
+        """Where the critic's own observation of step t (of env e, or all envs) goes; None without critic_obs."""
+        if self.raw_critic is None:
+            return None
+        return self.raw_critic[t] if e is None else self.raw_critic[t, e]
 
     def sample(self, round_k: int, slot: int = 0) -> ActorReport:
         """One round: T steps of every env with the published weights and frozen statistics → rollout[a] of the
         rollout slot `slot`."""
         self.out = self.outs[slot]
-        obs_rms, ret_rms = self._load_round()
+        obs_rms, ret_rms, critic_rms = self._load_round()
         if not self.started:
             self._first_reset()
         noise, std = self._draw_noise()
@@ -169,19 +182,24 @@ class Actor:
         episodes: list[tuple[float, int]] = []  # (return, length) of the episodes that ended
         finals: list[Final] = []
         for t in range(self.cfg.rollout_length):
-            env_action = self._act(t, obs_rms, noise[t], std)
+            env_action = self._act(t, obs_rms, critic_rms, noise[t], std)
             self._step_envs(t, env_action, round_k, episodes, finals)
-        self._bootstrap_values(obs_rms, finals)
+        self._bootstrap_values(obs_rms, critic_rms, finals)
         return_moments = self._advantages(ret_rms)
         T, E = self.cfg.rollout_length, len(self.envs)
         obs_moments = compute_batch_moments(self.raw[:T].reshape(T * E, -1))
         self.raw[0] = self.raw[T]
+        critic_moments = None
+        if self.raw_critic is not None:
+            critic_moments = compute_batch_moments(self.raw_critic[:T].reshape(T * E, -1))
+            self.raw_critic[0] = self.raw_critic[T]
         return ActorReport(
             actor_id=self.actor_id,
             episode_returns=[ret for ret, _ in episodes],
             episode_lengths=[length for _, length in episodes],
             obs_moments=obs_moments,
             return_moments=return_moments,
+            critic_moments=critic_moments,
             noise_state=self.generator.get_state().numpy(),
             carried=self.carried(),
         )
@@ -197,6 +215,7 @@ class Actor:
             "envs": self.envs.capture() if self.started else None,  # before the first reset: nothing to keep
             "started": self.started,
             "observations": self.raw[0].copy(),
+            "critic_observations": None if self.raw_critic is None else self.raw_critic[0].copy(),
             "episode_return": self.episode_return.copy(),
             "episode_length": self.episode_length.copy(),
             "starting": self.starting.copy(),
@@ -211,6 +230,8 @@ class Actor:
         if self.started:
             self.envs.restore(carried["envs"])
         self.raw[0] = np.asarray(carried["observations"])
+        if self.raw_critic is not None:
+            self.raw_critic[0] = np.asarray(carried["critic_observations"])
         self.episode_return[:] = np.asarray(carried["episode_return"])
         self.episode_length[:] = np.asarray(carried["episode_length"])
         self.starting[:] = np.asarray(carried["starting"])
@@ -219,12 +240,15 @@ class Actor:
         if self.discounted is not None:
             self.discounted.value = np.array(carried["discounted"], dtype=np.float64)
 
-    def _load_round(self) -> tuple[Optional[Moments], Optional[Moments]]:
-        """The round's weights into the policy and the frozen statistics (None where not normalising)."""
+    def _load_round(self) -> tuple[Optional[Moments], Optional[Moments], Optional[Moments]]:
+        """The round's weights into the policy and the frozen statistics (None where not normalising): those of
+        the observations, the returns, the critic's own observations."""
         read_flat_parameters(self.model, self.buffers.weights)
-        obs_rms, ret_rms, value_rms = self.buffers.read_stats()
-        self.kernel.load(self.model, value_rms if self.cfg.normalize_value else None)
-        return (obs_rms if self.cfg.normalize_obs else None), (ret_rms if self.cfg.normalize_reward else None)
+        cfg, stats = self.cfg, self.buffers.read_stats()
+        self.kernel.load(self.model, stats.value if cfg.normalize_value else None)
+        if not cfg.normalize_obs:
+            return None, (stats.ret if cfg.normalize_reward else None), None
+        return stats.obs, (stats.ret if cfg.normalize_reward else None), stats.critic
 
     def _draw_noise(self) -> tuple[np.ndarray, np.ndarray]:
         """The round's Gaussian noise in one draw, and the log-probs of the actions it makes: the policy's std is
@@ -235,14 +259,19 @@ class Actor:
         self.out["logp"][:] = (-0.5 * noise * noise - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
         return noise, std
 
-    def _act(self, t: int, obs_rms: Optional[Moments], noise: np.ndarray, std: np.ndarray) -> np.ndarray:
+    def _act(
+        self, t: int, obs_rms: Optional[Moments], critic_rms: Optional[Moments], noise: np.ndarray, std: np.ndarray
+    ) -> np.ndarray:
         """Observation, value and action of step t into the rollout; returns the actions clipped for the envs."""
         obs_t = normalize_obs(self.raw[t], obs_rms, self.cfg.obs_clip, out=self.out["obs"][t])
+        critic_t = None
+        if self.raw_critic is not None:
+            critic_t = normalize_obs(self.raw_critic[t], critic_rms, self.cfg.obs_clip, out=self.out["critic_obs"][t])
         if self.state is not None:  # what the update unrolls each chunk from, and where its episodes start
             if t % self.buffers.spec.seq_length == 0:
                 self.out["hidden"][t // self.buffers.spec.seq_length] = self.state
             self.out["episode_start"][t] = self.starting
-        mean, self.out["values"][t], self.state = self.kernel.step(obs_t, self.state)
+        mean, self.out["values"][t], self.state = self.kernel.step(obs_t, self.state, critic_t)
         action = self.out["actions"][t]
         np.multiply(noise, std, out=action)
         action += mean
@@ -256,14 +285,15 @@ class Actor:
         envs are visited one by one: the counters and checks run once on all envs."""
         next_raw, rew_t, term_t, trunc_t = self.raw[t + 1], self.rewards[t], self.terminated[t], self.truncated[t]
         try:
-            for e, term, trunc in self.envs.step(env_action, next_raw, rew_t):
+            for e, term, trunc in self.envs.step(env_action, next_raw, rew_t, self._critic_row(t + 1)):
                 term_t[e], trunc_t[e] = term, trunc  # the flags were cleared at the round's start
                 finals.append(self._final(t, e, next_raw[e], round_k))
-                next_raw[e] = self.envs.reset(e)
+                next_raw[e] = self.envs.reset(e, None, self._critic_row(t + 1, e))
         except EnvFailure as failure:
             e, exc = failure.env, failure.__cause__
             raise EnvError(f"env {e} failed at step {t} of round {round_k}: {type(exc).__name__}: {exc}", e, t) from exc
-        if not (np.isfinite(next_raw).all() and np.isfinite(rew_t).all()):
+        critic_ok = self.raw_critic is None or np.isfinite(self.raw_critic[t + 1]).all()
+        if not (np.isfinite(next_raw).all() and np.isfinite(rew_t).all() and critic_ok):
             raise self._non_finite(t, round_k)
         np.logical_or(term_t, trunc_t, out=self.starting)
         self.episode_return += rew_t
@@ -273,38 +303,43 @@ class Actor:
             self.episode_return[e], self.episode_length[e] = 0.0, 0
 
     def _final(self, t: int, e: int, obs: np.ndarray, round_k: int) -> Final:
-        """The end of env e's episode at step t: its final observation (a copy: the env may reuse its array) and
-        a GRU's state after the step, whose memory of the env is then forgotten."""
+        """The end of env e's episode at step t: its final observation (a copy: the row is then reset), the
+        critic's own, and a GRU's state after the step, whose memory of the env is then forgotten."""
         final = np.array(obs, dtype=np.float64)
-        if not np.isfinite(final).all():
+        critic = None if self.raw_critic is None else self.raw_critic[t + 1, e].copy()
+        if not (np.isfinite(final).all() and (critic is None or np.isfinite(critic).all())):
             raise EnvError(f"env {e} returned a non-finite final observation at step {t} of round {round_k}", e, t)
         if self.state is None:
-            return Final(t, e, final, None)
+            return Final(t, e, final, critic, None)
         state = self.state[e].copy()
         self.state[e] = 0.0
-        return Final(t, e, final, state)
+        return Final(t, e, final, critic, state)
 
-    def _bootstrap_values(self, obs_rms: Optional[Moments], finals: list[Final]) -> None:
-        """next_values[t] = V(observation after step t, before any reset): V(final observation) at episode ends. A
-        GRU's value of an observation reads the state after step t: the envs' current states after the last step
-        (left as they are: the next round's first step reads that observation again), and at an episode's end the
-        state the step left, before the reset zeroed it."""
+    def _bootstrap_values(self, obs_rms: Optional[Moments], critic_rms: Optional[Moments], finals: list[Final]) -> None:
+        """next_values[t] = V(observation after step t, before any reset): V(final observation) at episode ends;
+        with critic_obs, of the critic's own observation then. A GRU's value of an observation reads the state
+        after step t: the envs' current states after the last step (left as they are: the next round's first step
+        reads that observation again), and at an episode's end the state the step left, before the reset zeroed
+        it."""
         T, clip = self.cfg.rollout_length, self.cfg.obs_clip
         next_values, values = self.out["next_values"], self.out["values"]
         next_obs = self.out.get("next_obs")  # kept for the learner's recomputation (cfg.recompute_advantages)
+        own = self.raw_critic is not None  # the critic reads observations of its own
         last_obs = normalize_obs(self.raw[T], obs_rms, clip)
+        last_critic = normalize_obs(self.raw_critic[T], critic_rms, clip) if own else None
         next_values[:-1] = values[1:]
-        next_values[-1] = self.kernel.step(last_obs, self.state)[1]
-        if next_obs is not None:
-            next_obs[:-1] = self.out["obs"][1:]
-            next_obs[-1] = last_obs
+        next_values[-1] = self.kernel.step(last_obs, self.state, last_critic)[1]
+        if next_obs is not None:  # what the critic reads after each step
+            next_obs[:-1] = (self.out["critic_obs"] if own else self.out["obs"])[1:]
+            next_obs[-1] = last_critic if own else last_obs
         if finals:
             states = None if self.state is None else np.stack([f.state for f in finals])
             final_obs = normalize_obs(np.stack([f.obs for f in finals]), obs_rms, clip)
+            final_critic = normalize_obs(np.stack([f.critic for f in finals]), critic_rms, clip) if own else None
             ended = [f.step for f in finals], [f.env for f in finals]
-            next_values[ended] = self.kernel.step(final_obs, states)[1]
+            next_values[ended] = self.kernel.step(final_obs, states, final_critic)[1]
             if next_obs is not None:
-                next_obs[ended] = final_obs
+                next_obs[ended] = final_critic if own else final_obs
 
     def _advantages(self, ret_rms: Optional[Moments]) -> Optional[Moments]:
         """Rewards, GAE advantages and returns, flags into the rollout; the moments of this round's discounted

@@ -78,9 +78,11 @@ class ActorPool:
         noise_states: Optional[list[Any]] = None,
         first_round: int = 1,
         carried: Optional[list[dict[str, Any]]] = None,
+        critic_dim: int = 0,
     ) -> None:
         """noise_states: each actor's action-noise generator state (uint8 tensor or array) to continue from, or None.
         carried: what each actor carried into the next round (`Actor.carried`) to continue from, or None.
+        critic_dim: the width of the critic's own observation (cfg.critic_obs; 0: none).
         first_round: the number of the first `collect` in the trainer's count (messages name rounds by it)."""
         self.cfg, self.rank, self.num_actors = cfg, rank, num_actors
         if noise_states is not None and len(noise_states) != num_actors:
@@ -96,8 +98,8 @@ class ActorPool:
         self._started_at = time.monotonic()
         try:
             with torch.random.fork_rng(devices=[]):  # the parameter count must not consume the learner's RNG
-                probe = make_model(cfg, obs_dim, act_dim)
-            spec = BufferSpec.for_config(cfg, num_actors, obs_dim, act_dim, num_parameters(probe))
+                probe = make_model(cfg, obs_dim, act_dim, critic_dim)
+            spec = BufferSpec.for_config(cfg, num_actors, obs_dim, act_dim, num_parameters(probe), critic_dim)
             self.buffers = SharedBuffers.create(spec)
             if pin_memory:
                 self.buffers.pin()
@@ -153,12 +155,13 @@ class ActorPool:
         obs_rms: Optional[Moments],
         ret_rms: Optional[Moments],
         value_rms: Optional[Moments] = None,
+        critic_rms: Optional[Moments] = None,
     ) -> list[ActorReport]:
         """One round of a model's policy (any device), start to finish; the rollout is in `buffers` (slot 0 unless
         rounds overlap)."""
         weights = torch.empty(num_parameters(model))
         write_flat_parameters(model, weights)
-        self.start(weights, obs_rms, ret_rms, value_rms)
+        self.start(weights, obs_rms, ret_rms, value_rms, critic_rms)
         return self.finish()[0]
 
     def start(
@@ -167,6 +170,7 @@ class ActorPool:
         obs_rms: Optional[Moments],
         ret_rms: Optional[Moments],
         value_rms: Optional[Moments] = None,
+        critic_rms: Optional[Moments] = None,
     ) -> None:
         """Publish the flat weights (any device) and frozen statistics, and start the next round on every actor,
         into rollout slot round % slots; returns at once. Any failure (also Ctrl-C here) closes the pool."""
@@ -179,7 +183,7 @@ class ActorPool:
             if buffers.pinned:
                 torch.cuda.synchronize()  # no asynchronous copy out of the slot may still be reading it
             buffers.weights.copy_(weights.detach().reshape(-1))
-            buffers.write_stats(obs_rms, ret_rms, value_rms)
+            buffers.write_stats(obs_rms, ret_rms, value_rms, critic_rms)
             slot = (self._round + 1) % buffers.spec.slots
             buffers.slot(slot).fill_sentinel()
             if not all(self._ready):

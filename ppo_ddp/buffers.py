@@ -3,8 +3,8 @@
 The learner allocates one `multiprocessing.shared_memory.SharedMemory` block per run (`SharedBuffers.create`),
 the actors attach to it by name (`SharedBuffers.attach`), and the learner alone unlinks it (`close`). Every
 field is a numpy view of the block (`.arrays`) and a torch tensor sharing the same memory (attributes named as
-the fields). The layout is a pure function of (A, T, E, obs_dim, act_dim, P), so an actor rebuilds exactly the
-learner's views from a small `BufferSpec`.
+the fields). The layout is a pure function of (A, T, E, obs_dim, act_dim, P, critic_dim, ...), so an actor
+rebuilds exactly the learner's views from a small `BufferSpec`.
 
 Layout (offsets rise in this order; every field starts on a 64-byte boundary, the rollout region on a page
 boundary and spans whole pages, so it can be page-locked with cudaHostRegister on its own):
@@ -23,6 +23,9 @@ ret_count      float64  [1]                 0 => no statistics yet (rewards are 
 val_mean       float64  [1]                 learner: frozen statistics of the returns (value targets) of the round
 val_var        float64  [1]
 val_count      float64  [1]                 0 => the critic's output is used as it is (no value normalisation)
+critic_mean    float64  [Dc]                learner: frozen statistics of the critic's own observations (critic_obs;
+critic_var     float64  [Dc]                Dc = critic_dim, 0 without: empty fields)
+critic_count   float64  [1]                 0 => no statistics yet
 *rollout*      (actor a writes only [a]; the learner fills it with the sentinel before each round)
 obs            float32  [A, T, E, obs_dim]  observation as the policy saw it (normalised with the frozen stats, clipped)
 actions        float32  [A, T, E, act_dim]  raw Normal sample = policy_action (the env got its clip to the bounds)
@@ -34,9 +37,13 @@ returns        float32  [A, T, E]           advantages + values
 rewards        float32  [A, T, E]           raw env reward (unscaled)
 terminated     uint8    [A, T, E]           1 / 0
 truncated      uint8    [A, T, E]           1 / 0
+*critic*       (critic_obs only: critic_dim Dc > 0)
+critic_obs     float32  [A, T, E, Dc]       the critic's observation of step t (the env's privileged one), normalised
+                                            with the critic_* statistics and clipped: what values is V of
 *next_obs*     (recompute_advantages only)
-next_obs       float32  [A, T, E, obs_dim]  the observation after step t, before any reset, normalised as obs: what
-                                            next_values is V of, for the learner to value again with a newer critic
+next_obs       float32  [A, T, E, Dv]       the critic's observation after step t, before any reset, normalised as
+                                            obs (Dv: critic_dim with critic_obs, else obs_dim): what next_values is V
+                                            of, for the learner to value again with a newer critic
 *recurrent*    (policy "gru" only: rnn_hidden H > 0; L = seq_length, T a multiple of it)
 episode_start  uint8    [A, T, E]           1: obs[t] is the first of an episode (the state entering step t is zero)
 hidden         float32  [A, T/L, E, H]      the GRU state entering step c * L of each env: the state the update
@@ -58,7 +65,7 @@ import mmap
 import warnings
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -70,7 +77,9 @@ ALIGN = 64
 PAGE = mmap.PAGESIZE
 FLAG_SENTINEL = 255
 
-STATISTICS = ("obs", "ret", "val")  # prefixes of the frozen statistics: observations, discounted returns, values
+# prefixes of the frozen statistics: observations, discounted returns, values, the critic's observations
+STATISTICS = ("obs", "ret", "val", "critic")
+VECTOR_STATISTICS = ("obs", "critic")  # per entry of an observation; the others are scalars
 PARAMETER_FIELDS = ("weights", *(f"{p}_{s}" for p in STATISTICS for s in ("mean", "var", "count")))
 ROLLOUT_FIELDS = (
     "obs",
@@ -84,9 +93,19 @@ ROLLOUT_FIELDS = (
     "terminated",
     "truncated",
 )
+CRITIC_FIELDS = ("critic_obs",)
 NEXT_OBS_FIELDS = ("next_obs",)
 RECURRENT_FIELDS = ("episode_start", "hidden")
 FLAG_FIELDS = ("terminated", "truncated", "episode_start")
+
+
+class FrozenStats(NamedTuple):
+    """A round's frozen statistics as the learner published them (None: not published, not normalising)."""
+
+    obs: Optional[Moments]
+    ret: Optional[Moments]
+    value: Optional[Moments]
+    critic: Optional[Moments]
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -110,21 +129,33 @@ class BufferSpec:
     """Keep each step's next observation (cfg.recompute_advantages)."""
     slots: int = 1
     """Rollout regions: 2 when rounds overlap (cfg.overlap), so that round k+1 is written while round k trains."""
+    critic_dim: int = 0
+    """Width of the critic's own observation (cfg.critic_obs; 0: the critic sees the policy's)."""
 
     @staticmethod
-    def for_config(cfg: Config, num_actors: int, obs_dim: int, act_dim: int, num_params: int) -> BufferSpec:
+    def for_config(
+        cfg: Config, num_actors: int, obs_dim: int, act_dim: int, num_params: int, critic_dim: int = 0
+    ) -> BufferSpec:
         """The layout of a config's round with num_actors actors (the recurrent fields for policy "gru")."""
         gru = cfg.policy == "gru"
         return BufferSpec(
             num_actors, cfg.rollout_length, cfg.envs_per_actor, obs_dim, act_dim, num_params,
             rnn_hidden=cfg.rnn_hidden_size if gru else 0, seq_length=cfg.seq_length if gru else 1,
-            next_obs=cfg.recompute_advantages, slots=2 if cfg.overlap else 1,
+            next_obs=cfg.recompute_advantages, slots=2 if cfg.overlap else 1, critic_dim=critic_dim,
         )  # fmt: skip
+
+    @property
+    def value_dim(self) -> int:
+        """Width of what the critic reads: its own observation, or the policy's."""
+        return self.critic_dim or self.obs_dim
 
     def rollout_fields(self) -> tuple[str, ...]:
         """The fields an actor writes, in layout order."""
         return (
-            ROLLOUT_FIELDS + (NEXT_OBS_FIELDS if self.next_obs else ()) + (RECURRENT_FIELDS if self.rnn_hidden else ())
+            ROLLOUT_FIELDS
+            + (CRITIC_FIELDS if self.critic_dim else ())
+            + (NEXT_OBS_FIELDS if self.next_obs else ())
+            + (RECURRENT_FIELDS if self.rnn_hidden else ())
         )
 
     def fields(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -141,6 +172,9 @@ class BufferSpec:
             "val_mean": (f64, (1,)),
             "val_var": (f64, (1,)),
             "val_count": (f64, (1,)),
+            "critic_mean": (f64, (self.critic_dim,)),
+            "critic_var": (f64, (self.critic_dim,)),
+            "critic_count": (f64, (1,)),
             "obs": (f32, (A, T, E, self.obs_dim)),
             "actions": (f32, (A, T, E, self.act_dim)),
             "logp": (f32, (A, T, E)),
@@ -151,7 +185,8 @@ class BufferSpec:
             "rewards": (f32, (A, T, E)),
             "terminated": (u8, (A, T, E)),
             "truncated": (u8, (A, T, E)),
-            **({"next_obs": (f32, (A, T, E, self.obs_dim))} if self.next_obs else {}),
+            **({"critic_obs": (f32, (A, T, E, self.critic_dim))} if self.critic_dim else {}),
+            **({"next_obs": (f32, (A, T, E, self.value_dim))} if self.next_obs else {}),
             **(
                 {"episode_start": (u8, (A, T, E)), "hidden": (f32, (A, T // self.seq_length, E, self.rnn_hidden))}
                 if self.rnn_hidden
@@ -294,9 +329,13 @@ class SharedBuffers:
 
     # ---- frozen statistics -----------------------------------------------------------------------------
     def write_stats(
-        self, obs_rms: Optional[Moments], ret_rms: Optional[Moments], value_rms: Optional[Moments] = None
+        self,
+        obs_rms: Optional[Moments],
+        ret_rms: Optional[Moments],
+        value_rms: Optional[Moments] = None,
+        critic_rms: Optional[Moments] = None,
     ) -> None:
-        for prefix, moments in zip(STATISTICS, (obs_rms, ret_rms, value_rms)):
+        for prefix, moments in zip(STATISTICS, (obs_rms, ret_rms, value_rms, critic_rms)):
             if moments is None or moments.count == 0:
                 self.arrays[f"{prefix}_count"][:] = 0.0
                 continue
@@ -307,9 +346,8 @@ class SharedBuffers:
             self.arrays[f"{prefix}_var"][:] = np.reshape(moments.var, mean.shape)
             self.arrays[f"{prefix}_count"][:] = moments.count
 
-    def read_stats(self) -> tuple[Optional[Moments], Optional[Moments], Optional[Moments]]:
-        """(obs_rms, ret_rms, value_rms) as published; copies, so they stay valid when the learner writes the next
-        round's."""
+    def read_stats(self) -> FrozenStats:
+        """The statistics as published; copies, so they stay valid when the learner writes the next round's."""
         out = []
         for prefix in STATISTICS:
             count = float(self.arrays[f"{prefix}_count"][0])
@@ -318,7 +356,7 @@ class SharedBuffers:
                 continue
             mean = self.arrays[f"{prefix}_mean"].copy()
             var = self.arrays[f"{prefix}_var"].copy()
-            if prefix != "obs":  # the return statistics are scalars
+            if prefix not in VECTOR_STATISTICS:  # the return statistics are scalars
                 mean, var = mean.reshape(()), var.reshape(())
             out.append(Moments(mean, var, count))
-        return out[0], out[1], out[2]
+        return FrozenStats(*out)

@@ -13,7 +13,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -112,6 +112,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return payload
 
 
+def _network(hidden_sizes: Any, activation: str, shared_trunk: bool, critic_obs: Optional[str]) -> str:
+    return f"hidden_sizes {hidden_sizes} activation {activation} shared_trunk {shared_trunk} critic_obs {critic_obs}"
+
+
 def check_compatible(
     state: dict[str, Any], cfg: Config, model: torch.nn.Module, obs_dim: int, act_dim: int, path: Path
 ) -> None:
@@ -132,10 +136,11 @@ def check_compatible(
     theirs = state["actor"]
     shapes_differ = set(own) != set(theirs) or any(tuple(theirs[k].shape) != tuple(own[k].shape) for k in own)
     if shapes_differ or saved.get("activation", cfg.activation) != cfg.activation:
+        theirs_net = (saved.get("hidden_sizes", "?"), saved.get("activation", "?"), saved.get("shared_trunk", False),
+                      saved.get("critic_obs"))  # fmt: skip
+        own_net = (list(cfg.hidden_sizes), cfg.activation, cfg.shared_trunk, cfg.critic_obs)
         raise ConfigError(
-            f"resume={str(path)!r}: checkpoint's network is hidden_sizes {saved.get('hidden_sizes', '?')} "
-            f"activation {saved.get('activation', '?')} shared_trunk {saved.get('shared_trunk', False)}, this run's "
-            f"is hidden_sizes {list(cfg.hidden_sizes)} activation {cfg.activation} shared_trunk {cfg.shared_trunk}"
+            f"resume={str(path)!r}: checkpoint's network is {_network(*theirs_net)}, this run's is {_network(*own_net)}"
         )
     tensors = [len(group.get("params", ())) for group in state["optimizer"].get("param_groups", [])]
     if tensors != [1]:

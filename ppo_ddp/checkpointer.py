@@ -47,9 +47,12 @@ UNCAPTURABLE = "its envs' state cannot be captured (not a MuJoCo env, or in a wr
 class Checkpointer:
     """The checkpoints of one run: `model_NAME.pt` (latest) and `model_NAME_best.pt` in its folder."""
 
-    def __init__(self, cfg: Config, ctx: D.DistContext, run_dir: Path, run_name: str, shapes: tuple[int, int]) -> None:
+    def __init__(
+        self, cfg: Config, ctx: D.DistContext, run_dir: Path, run_name: str, shapes: tuple[int, int, int]
+    ) -> None:
+        """shapes: (obs_dim, act_dim, critic_dim) of the run's network."""
         self.cfg, self.ctx, self.run_name = cfg, ctx, run_name
-        self.obs_dim, self.act_dim = shapes
+        self.obs_dim, self.act_dim, self.critic_dim = shapes
         self.latest, self.best = checkpoint_paths(run_dir, run_name)
         self.last_good: Optional[int] = None
         """The round of the latest checkpoint of this run known to be on disk (rank 0's knowledge)."""
@@ -186,6 +189,7 @@ class Checkpointer:
                 "env_id": self.cfg.env_id,
                 "obs_dim": self.obs_dim,
                 "act_dim": self.act_dim,
+                "critic_dim": self.critic_dim,
                 "world_size": self.ctx.world_size,
                 "run_name": self.run_name,
                 "evaluation": evaluation,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from ppo_ddp.envs import env_problem
+from ppo_ddp.envs import critic_obs_dim, env_problem
 from ppo_ddp.flags import said
 from ppo_ddp.topology import resolve_actors_per_learner
 
@@ -129,6 +129,12 @@ class Config:
     """Policy and value share one MLP of hidden_sizes and differ only in their linear output layers (rl_games'
     `separate: False`): half the arithmetic of two MLPs of the same widths, and the value loss (vf_coef) shapes
     the policy's features too. Policy "mlp" only (a GRU's core is always shared)."""
+    critic_obs: Optional[str] = None
+    """An asymmetric actor-critic: the key of the env's `info` (at reset and every step) whose array the critic
+    reads instead of the policy's observation, privileged information the deployed policy will not have (the
+    partly observed envs give "full_obs", their velocities included). It has its own normalisation statistics
+    (normalize_obs), and with policy "gru" the critic is an MLP of hidden_sizes on it rather than a head on the
+    GRU. The policy, evaluation and export are unchanged. None: the critic sees the policy's observation."""
     log_std_init: float = -1.0
     """Initial state-independent log standard deviation of the Gaussian policy (-1.0: std 0.37 for actions
     in [-1, 1]; with CleanRL's 0.0, half the HalfCheetah seeds settled in a slow gait, docs/tuning.md)."""
@@ -306,6 +312,8 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail("recompute_advantages", True, 'needs policy "mlp" (a GRU\'s values depend on its state)')
     if cfg.shared_trunk and cfg.policy == "gru":
         raise _fail("shared_trunk", True, 'needs policy "mlp" (a GRU\'s encoder and core are always shared)')
+    if cfg.critic_obs is not None and cfg.shared_trunk:
+        raise _fail("critic_obs", cfg.critic_obs, "needs shared_trunk false (a shared trunk reads one observation)")
     if not cfg.hidden_sizes or any(h <= 0 for h in cfg.hidden_sizes):
         raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
     if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():
@@ -323,6 +331,11 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         problem = env_problem(cfg.env_id)
         if problem is not None:
             raise _fail("env_id", cfg.env_id, problem)
+        if cfg.critic_obs is not None:
+            try:
+                critic_obs_dim(cfg.env_id, cfg.critic_obs)
+            except ValueError as e:
+                raise _fail("critic_obs", cfg.critic_obs, f"{cfg.env_id}: {e}") from None
 
 
 def minibatch_rows(cfg: Config, actors: int) -> int:

@@ -59,6 +59,8 @@ class RoundRecorder:
                 "returns": buffers.returns.clone(),
                 "values": buffers.values.clone(),
                 "value_rms": run.value_rms.to_state() if run.value_rms else None,
+                "critic_rms": run.critic_rms.to_state() if run.critic_rms else None,
+                "critic_obs": buffers.critic_obs.clone() if buffers.spec.critic_dim else None,
                 "learning_rate": trainer.learner.learning_rate,
                 "adv_stats": adv_stats,
                 "obs_increments": [r.obs_moments.to_state() for r in reports],

@@ -11,7 +11,8 @@ generator it is, and copies the state it made into the env's row. tests/test_env
 against gymnasium's with `np.array_equal` over thousands of steps, episode ends and several seeds.
 
 Any other env, or one of these wrapped by more than gymnasium's own TimeLimit / OrderEnforcing / PassiveEnvChecker
-(the partly observed ids, for instance), is stepped by `GymEnvs`.
+(the partly observed ids, for instance), is stepped by `GymEnvs`, and so is any env whose critic reads a privileged
+observation from `info` (critic_obs), which only gymnasium's step returns.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
 from ppo_ddp import env_state
 from ppo_ddp.env_state import EnvState
+from ppo_ddp.envs import critic_observation
 
 Ended = list[tuple[int, bool, bool]]
 """The envs whose episode ended at a step: (env index, terminated, truncated)."""
@@ -50,28 +52,38 @@ class EnvFailure(Exception):
 
 
 class GymEnvs:
-    """E gymnasium envs, stepped one after another: any env `make_env` builds."""
+    """E gymnasium envs, stepped one after another: any env `make_env` builds. With a critic_key, each reset and
+    step also writes the env's privileged observation info[critic_key] into the caller's `critic` rows."""
 
-    def __init__(self, envs: list[gym.Env]) -> None:
-        self.envs = envs
+    def __init__(self, envs: list[gym.Env], critic_key: Optional[str] = None) -> None:
+        self.envs, self.critic_key = envs, critic_key
 
     def __len__(self) -> int:
         return len(self.envs)
 
-    def reset(self, e: int, seed: Optional[int] = None) -> np.ndarray:
-        """Env e's first observation of a new episode (its generator seeded first when `seed` is given)."""
+    def reset(self, e: int, seed: Optional[int] = None, critic: Optional[np.ndarray] = None) -> np.ndarray:
+        """Env e's first observation of a new episode (its generator seeded first when `seed` is given); its
+        privileged one into `critic` (a row) when given."""
         try:
-            return self.envs[e].reset(seed=seed)[0]
+            obs, info = self.envs[e].reset(seed=seed)
+            if critic is not None:
+                critic[:] = critic_observation(info, self.critic_key)
+            return obs
         except Exception as exc:
             raise EnvFailure(e) from exc
 
-    def step(self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray) -> Ended:
-        """Step env e with actions[e], writing its observation into obs[e] and its reward into rewards[e]; returns
-        the envs whose episode ended (their obs row is the final observation; the caller resets them)."""
+    def step(
+        self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray, critic: Optional[np.ndarray] = None
+    ) -> Ended:
+        """Step env e with actions[e], writing its observation into obs[e], its reward into rewards[e] and its
+        privileged observation into critic[e] (when given); returns the envs whose episode ended (their rows hold
+        the final observations; the caller resets them)."""
         ended: Ended = []
         for e, env in enumerate(self.envs):
             try:
-                obs[e], rewards[e], term, trunc, _ = env.step(actions[e])
+                obs[e], rewards[e], term, trunc, info = env.step(actions[e])
+                if critic is not None:
+                    critic[e] = critic_observation(info, self.critic_key)
             except Exception as exc:
                 raise EnvFailure(e) from exc
             if term or trunc:
@@ -181,8 +193,8 @@ class BatchedEnvs(GymEnvs):
         self.qpos, self.qvel, self.ctrl = self.batch.bind("qpos"), self.batch.bind("qvel"), self.batch.bind("ctrl")
         self.elapsed = np.zeros(len(envs), dtype=np.int64)  # TimeLimit's count, which env.step no longer runs
 
-    def reset(self, e: int, seed: Optional[int] = None) -> np.ndarray:
-        obs = super().reset(e, seed)
+    def reset(self, e: int, seed: Optional[int] = None, critic: Optional[np.ndarray] = None) -> np.ndarray:
+        obs = super().reset(e, seed)  # no critic rows: a group with a critic_key is never batched
         mujoco.mj_getState(self.model, self.envs[e].unwrapped.data, self.batch.state[e], _STATE)
         self.elapsed[e] = 0
         return obs
@@ -200,8 +212,10 @@ class BatchedEnvs(GymEnvs):
             self.batch.state[e] = np.asarray(state["integration"])
             self.elapsed[e] = state["elapsed"] or 0
 
-    def step(self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray) -> Ended:
-        """As GymEnvs.step. The formulas are the envs' own `step`, `_get_obs`, `_get_rew` and `is_healthy`, over
+    def step(
+        self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray, critic: Optional[np.ndarray] = None
+    ) -> Ended:
+        """As GymEnvs.step (critic is None: a group with a critic_key is never batched). The formulas are the envs' own `step`, `_get_obs`, `_get_rew` and `is_healthy`, over
         all envs at once; `actions` is float32, as gymnasium's envs receive it from the actor."""
         r = self.robot
         x_before = self.qpos[:, 0].copy()
@@ -232,8 +246,8 @@ class BatchedEnvs(GymEnvs):
         return [(int(e), bool(terminated[e]), bool(truncated[e])) for e in np.flatnonzero(terminated | truncated)]
 
 
-def make_env_group(envs: list[gym.Env], batched: bool = True) -> GymEnvs:
+def make_env_group(envs: list[gym.Env], batched: bool = True, critic_key: Optional[str] = None) -> GymEnvs:
     """The envs as a group: batch-stepped where `batched` and the env is one this module reproduces, else
-    gymnasium's step."""
-    robot = _robot(envs[0]) if batched else None
-    return BatchedEnvs(envs, robot) if robot is not None else GymEnvs(envs)
+    gymnasium's step (always with a critic_key: the privileged observation is in the info of gymnasium's step)."""
+    robot = _robot(envs[0]) if batched and critic_key is None else None
+    return BatchedEnvs(envs, robot) if robot is not None else GymEnvs(envs, critic_key)

@@ -19,6 +19,8 @@ from typing import Any, Optional
 import gymnasium as gym
 import numpy as np
 
+from ppo_ddp.partial_envs import FULL_OBS_KEY, PARTLY_OBSERVED
+
 # Deprecations inside gymnasium's own MuJoCo XML assets: nothing a user can act on, and printed once
 # per env per process they would bury the training log.
 _SILENCED_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
@@ -139,6 +141,32 @@ def env_problem(env_id: str) -> Optional[str]:
     finally:
         env.close()
     return None
+
+
+def critic_observation(info: dict[str, Any], key: str) -> np.ndarray:
+    """info[key] as the critic's observation vector (float64, flattened); ValueError naming the key when an env
+    does not provide one."""
+    if key not in info:
+        raise ValueError(f'the env gave no info["{key}"]')
+    value = np.asarray(info[key], dtype=np.float64).reshape(-1)
+    if value.size == 0:
+        raise ValueError(f'info["{key}"] is empty')
+    return value
+
+
+def critic_obs_dim(env_id: str, key: str) -> int:
+    """The width of env_id's privileged observation info[key] at reset; ValueError with the reason the critic
+    cannot read one (the env does not provide the key, or not as numbers)."""
+    env = make_env(env_id)
+    try:
+        _, info = env.reset(seed=0)
+        try:
+            return int(critic_observation(info, key).size)
+        except (ValueError, TypeError) as e:
+            partly = ", ".join(sorted(PARTLY_OBSERVED))
+            raise ValueError(f'{e} at reset; the partly observed envs ({partly}) give "{FULL_OBS_KEY}"') from None
+    finally:
+        env.close()
 
 
 TRACKING_CAMERA = "track"

@@ -51,7 +51,7 @@ def load_policy(path: str | Path) -> tuple[ActorCritic, Optional[Moments], Confi
         raise CheckpointError(f"checkpoint {path}: has no 'config', cannot rebuild the network")
     cfg = config_from_dict(state["config"])
     obs_dim, act_dim = int(state["obs_dim"]), int(state["act_dim"])
-    model = make_model(cfg, obs_dim, act_dim)
+    model = make_model(cfg, obs_dim, act_dim, int(state.get("critic_dim", 0)))  # the critic is loaded, not used
     model.load_state_dict(state["actor"])
     model.eval()
     obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] is not None else None

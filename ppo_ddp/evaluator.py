@@ -77,12 +77,12 @@ def play_episodes(
 
 
 def evaluator_main(
-    conn: mp.connection.Connection, cfg: Config, obs_dim: int, act_dim: int, video_dir: Optional[Path]
+    conn: mp.connection.Connection, cfg: Config, dims: tuple[int, int, int], video_dir: Optional[Path]
 ) -> None:
     """The evaluator process: ("eval", request id, flat parameters, obs statistics state, video path) in, results
     out. With a video_dir it first says whether it can render: ("ready", None or the reason it cannot)."""
     torch.set_num_threads(1)
-    model = make_model(cfg, obs_dim, act_dim)
+    model = make_model(cfg, *dims)
     model.requires_grad_(False)
     env = make_env(cfg.env_id)
     recorder = None
@@ -150,14 +150,15 @@ class Evaluation:
 class Evaluator:
     """Rank 0's evaluator process (a context manager); see the module docstring."""
 
-    def __init__(self, cfg: Config, obs_dim: int, act_dim: int, video_dir: Optional[Path] = None) -> None:
+    def __init__(self, cfg: Config, dims: tuple[int, int, int], video_dir: Optional[Path] = None) -> None:
+        """dims: (obs_dim, act_dim, critic_dim) of the run's network."""
         with torch.random.fork_rng(devices=[]):  # a CPU copy to flatten policies with; not from the learner's RNG
-            self._probe = make_model(cfg, obs_dim, act_dim)
+            self._probe = make_model(cfg, *dims)
         ctx = mp_context(cfg.mp_start_method)
         self._conn, child = ctx.Pipe(duplex=True)
         with child_start_state():
             self._proc = ctx.Process(
-                target=evaluator_main, args=(child, cfg, obs_dim, act_dim, video_dir), name="ppo-evaluator", daemon=True
+                target=evaluator_main, args=(child, cfg, dims, video_dir), name="ppo-evaluator", daemon=True
             )
             self._proc.start()
         child.close()

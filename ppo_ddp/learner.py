@@ -19,10 +19,11 @@ from ppo_ddp.rollout import compute_gae
 
 @dataclass
 class RoundSteps:
-    """What recomputing the advantages needs besides the rows' obs (cfg.recompute_advantages): each step's next
-    observation as rows, and the GAE inputs the actors had, on the [T, A * E] grid of compute_gae."""
+    """What recomputing the advantages needs besides the rows' observations (cfg.recompute_advantages): each
+    step's next observation as the critic reads it, as rows, and the GAE inputs the actors had, on the [T, A * E]
+    grid of compute_gae."""
 
-    next_obs: torch.Tensor  # rows [B, obs_dim], in the batch's row order (actor, step, env)
+    next_obs: torch.Tensor  # rows [B, Dv] (the critic's observation), in the batch's row order (actor, step, env)
     rewards: torch.Tensor  # [T, A * E]: scaled as the actors scaled them (the round's frozen return statistics)
     terminated: torch.Tensor  # [T, A * E], bool
     truncated: torch.Tensor
@@ -51,7 +52,14 @@ class RolloutBatch:
     returns: torch.Tensor
     hidden: Optional[torch.Tensor] = None
     episode_start: Optional[torch.Tensor] = None
+    critic_obs: Optional[torch.Tensor] = None
+    """The critic's own observations (cfg.critic_obs), rows as obs."""
     steps: Optional[RoundSteps] = None
+
+    @property
+    def critic_input(self) -> torch.Tensor:
+        """What the critic values: its own observations, else the policy's."""
+        return self.obs if self.critic_obs is None else self.critic_obs
 
     def __len__(self) -> int:
         """Rows: what the epochs shuffle and the mini-batches split."""
@@ -81,6 +89,8 @@ class RolloutBatch:
             advantages=rows(buffers.advantages, 0),
             returns=rows(buffers.returns, 0),
         )
+        if buffers.spec.critic_dim:
+            batch.critic_obs = rows(buffers.critic_obs, 1)
         if L is not None:
             batch.episode_start = rows(buffers.episode_start, 0).float()
             hidden = buffers.hidden.movedim(2, 1)  # [A, T/L, E, H] -> [A, E, T/L, H]: the chunks' order
@@ -90,7 +100,7 @@ class RolloutBatch:
             def grid(t: torch.Tensor) -> torch.Tensor:  # [A, T, E] -> [T, A * E]
                 return t.movedim(1, 0).reshape(t.shape[1], -1).to(device, non_blocking=True)
 
-            ret_rms = buffers.read_stats()[1]  # the frozen statistics the actors scaled this round's rewards with
+            ret_rms = buffers.read_stats().ret  # the frozen statistics the actors scaled this round's rewards with
             rewards = torch.from_numpy(scale_reward(buffers.arrays["rewards"], ret_rms, reward_clip))
             batch.steps = RoundSteps(
                 rows(buffers.next_obs, 1),
@@ -197,10 +207,13 @@ class Learner:
     def _example(self, rows: int) -> Minibatch:
         """Zeros shaped as a mini-batch of `rows` rows: the compile's example input."""
         model, steps = self.model, ((self.cfg.seq_length,) if self.cfg.policy == "gru" else ())
-        dims = ((*steps, model.obs_dim), (*steps, model.act_dim), steps, steps, steps, steps)
+        dims = {"obs": (*steps, model.obs_dim), "actions": (*steps, model.act_dim), "old_logp": steps,
+                "old_values": steps, "neg_adv": steps, "returns": steps}  # fmt: skip
         if self.cfg.policy == "gru":
-            dims += ((self.cfg.rnn_hidden_size,), steps)
-        return Minibatch(*(torch.zeros(rows, *d, device=self.device) for d in dims))
+            dims.update(hidden=(self.cfg.rnn_hidden_size,), episode_start=steps)
+        if model.critic_dim:
+            dims["critic_obs"] = (*steps, model.critic_dim)
+        return Minibatch(**{name: torch.zeros(rows, *d, device=self.device) for name, d in dims.items()})
 
     def _state(self) -> list[torch.Tensor]:
         """The tensors a step changes: compile() runs one on example data and puts them back as they were."""
@@ -233,15 +246,14 @@ class Learner:
         # Each epoch gathers the round in its shuffled order once, so that mini-batches are contiguous slices
         # (views) instead of six index ops each; the samples of each mini-batch are the same either way.
         # The advantages are negated once here rather than twice in every mini-batch (-a * r is (-a) * r).
-        columns = [
-            batch.obs,
-            batch.actions,
-            batch.logp,
-            old_values,
-            *self._targets(batch, global_mean_std, value_stats),
-        ]
+        neg_adv, returns = self._targets(batch, global_mean_std, value_stats)
+        named = {"obs": batch.obs, "actions": batch.actions, "old_logp": batch.logp, "old_values": old_values,
+                 "neg_adv": neg_adv, "returns": returns}  # fmt: skip
         if batch.hidden is not None:
-            columns += [batch.hidden, batch.episode_start]
+            named.update(hidden=batch.hidden, episode_start=batch.episode_start)
+        if batch.critic_obs is not None:
+            named["critic_obs"] = batch.critic_obs
+        names, columns = list(named), list(named.values())
         fields = len(columns)  # the mini-batch's
         if cfg.overlap:  # the round acted with older weights: the update's own KL is from those it starts with
             columns.append(self._log_probs(batch) - batch.logp)
@@ -259,7 +271,7 @@ class Learner:
                 torch.index_select(column, 0, permutation, out=out)
             for start in range(0, rows, minibatch_size):
                 step_losses, log_ratio = self._minibatch_step(
-                    Minibatch(*(c[start : start + minibatch_size] for c in shuffled[:fields]))
+                    Minibatch(**{n: c[start : start + minibatch_size] for n, c in zip(names, shuffled)})
                 )
                 losses.append(step_losses)
                 log_ratios.append(log_ratio)
@@ -295,7 +307,7 @@ class Learner:
     def _log_probs(self, batch: RolloutBatch) -> torch.Tensor:
         """The round's log-probs under the current weights (those the update starts from), shaped as batch.logp."""
         rows = Minibatch(batch.obs, batch.actions, batch.logp, batch.values, batch.advantages, batch.returns,
-                         batch.hidden, batch.episode_start)  # fmt: skip
+                         batch.hidden, batch.episode_start, batch.critic_obs)  # fmt: skip
         return self.model.evaluate_minibatch(rows, list(self.model.parameters()))[0]
 
     def _targets(
@@ -342,7 +354,7 @@ def recompute_advantages(
     standardised with these, so its output is de-normalised first)."""
     steps = batch.steps
     with torch.no_grad():
-        values, next_values = model.value(batch.obs), model.value(steps.next_obs)
+        values, next_values = model.value(batch.critic_input), model.value(steps.next_obs)
     if value_stats is not None:
         values, next_values = (v * value_stats[1] + value_stats[0] for v in (values, next_values))
     advantages, returns = compute_gae(

@@ -64,6 +64,9 @@ class ActorCritic(nn.Module):
     `separate: False`, half the arithmetic of a round for the same widths, the value loss shaping the policy's
     features too (vf_coef weighs it). The separate model's trunk is empty, so its checkpoints' keys are unchanged.
 
+    With critic_dim the critic's MLP reads an observation of its own (cfg.critic_obs, privileged), so every call
+    that values takes it (`critic_obs`); the policy's calls are unchanged.
+
     The nn.Sequential containers hold the layers (their names are the checkpoints' keys); the forward is
     `_mlp_forward` on the layers' tensors, so that the PPO step can run the same forward on views of its flat
     parameter (`evaluate(..., params=)`) without swapping the module's parameters."""
@@ -76,16 +79,19 @@ class ActorCritic(nn.Module):
         activation: str = "tanh",
         log_std_init: float = 0.0,
         shared_trunk: bool = False,
+        critic_dim: int = 0,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r}: must be one of {', '.join(ACTIVATIONS)}")
-        self.obs_dim, self.act_dim = obs_dim, act_dim
+        if critic_dim and shared_trunk:
+            raise ValueError("a critic of its own observation (critic_dim) cannot share the policy's trunk")
+        self.obs_dim, self.act_dim, self.critic_dim = obs_dim, act_dim, critic_dim
         self.activation = ACTIVATION_FUNCTIONS[activation]
         body = hidden_sizes if shared_trunk else ()
         self.trunk = nn.Sequential(*hidden_layers(obs_dim, body, activation))
         heads_in, head_hidden = (hidden_sizes[-1], ()) if shared_trunk else (obs_dim, hidden_sizes)
-        self.critic = _mlp(heads_in, head_hidden, 1, activation, out_gain=1.0)
+        self.critic = _mlp(critic_dim or heads_in, head_hidden, 1, activation, out_gain=1.0)
         self.actor_mean = _mlp(heads_in, head_hidden, act_dim, activation, out_gain=0.01)
         self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
         # where each part's tensors are in model.parameters() order, the order of every flat copy (flat_views)
@@ -98,24 +104,31 @@ class ActorCritic(nn.Module):
         params = list(self.parameters()) if params is None else params
         return params[self._log_std_at], *([params[i] for i in self._at[part]] for part in PARTS)
 
-    def _heads(self, obs: torch.Tensor, params: Optional[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
-        """(log-std, action mean, value) of a batch of normalised observations."""
+    def _heads(
+        self, obs: torch.Tensor, params: Optional[Sequence[torch.Tensor]], critic_obs: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, ...]:
+        """(log-std, action mean, value) of a batch of normalised observations (and the critic's own, critic_dim)."""
         log_std, trunk, critic, actor = self._parts(params)
         features = _mlp_forward(obs, trunk, self.activation, last=True)
         mean = _mlp_forward(features, actor, self.activation)
-        return log_std, mean, _mlp_forward(features, critic, self.activation).squeeze(-1)
+        value = _mlp_forward(features if critic_obs is None else critic_obs, critic, self.activation).squeeze(-1)
+        return log_std, mean, value
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self._heads(obs, None)[2]
+    def value(self, critic_input: torch.Tensor) -> torch.Tensor:
+        """V of what the critic reads: its own observations (critic_dim), else the policy's."""
+        if self.critic_dim:
+            return _mlp_forward(critic_input, self._parts(None)[2], self.activation).squeeze(-1)
+        return self._heads(critic_input, None)[2]
 
     def action_mean(self, obs: torch.Tensor) -> torch.Tensor:
-        return self._heads(obs, None)[1]
+        _, trunk, _, actor = self._parts(None)
+        return _mlp_forward(_mlp_forward(obs, trunk, self.activation, last=True), actor, self.activation)
 
     def sample(
-        self, obs: torch.Tensor, generator: torch.Generator | None = None
+        self, obs: torch.Tensor, generator: torch.Generator | None = None, critic_obs: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw Normal sample, its log-prob, value) for a batch of normalised observations."""
-        log_std, mean, value = self._heads(obs, None)
+        log_std, mean, value = self._heads(obs, None, critic_obs)
         noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
         action = mean + noise * torch.exp(log_std)
         return action, gaussian_log_prob(mean, log_std, action), value
@@ -129,15 +142,23 @@ class ActorCritic(nn.Module):
     ) -> tuple[torch.Tensor, None]:
         """(the action for a batch of normalised observations: the mean, or a sample; the next state) for evaluation;
         the same interface as RecurrentActorCritic.act, so an episode loop serves both."""
-        return (self.action_mean(obs) if deterministic else self.sample(obs, generator)[0]), None
+        mean = self.action_mean(obs)
+        if deterministic:
+            return mean, None
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+        return mean + noise * torch.exp(self.actor_logstd), None  # sample()'s draw, without valuing
 
     def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """evaluate() on a PPO mini-batch (ppo_ddp/ppo_step.py's Minibatch), and the action mean [B, A] as its fourth
         value (for bounds_loss_coef): the loss's one call into the network."""
-        return self._evaluate(mb.obs, mb.actions, params)
+        return self._evaluate(mb.obs, mb.actions, params, mb.critic_obs)
 
     def evaluate(
-        self, obs: torch.Tensor, action: torch.Tensor, params: Optional[Sequence[torch.Tensor]] = None
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        params: Optional[Sequence[torch.Tensor]] = None,
+        critic_obs: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log-prob of action, entropy, value) for the PPO loss, under the model's parameters or under `params`
         (tensors shaped as model.parameters() and in its order: the PPO step's views of its flat parameter).
@@ -145,11 +166,11 @@ class ActorCritic(nn.Module):
         The std does not depend on the observation, so neither does the entropy: it comes back as one number
         (a 0-dim tensor) that holds for every sample, not as a [B] vector of copies of it.
         """
-        return self._evaluate(obs, action, params)[:3]
+        return self._evaluate(obs, action, params, critic_obs)[:3]
 
-    def _evaluate(self, obs: torch.Tensor, action: torch.Tensor, params: Optional[Sequence[torch.Tensor]]) -> tuple:
+    def _evaluate(self, obs, action, params: Optional[Sequence[torch.Tensor]], critic_obs=None) -> tuple:
         """(log-prob, entropy, value, action mean)."""
-        log_std, mean, value = self._heads(obs, params)
+        log_std, mean, value = self._heads(obs, params, critic_obs)
         return gaussian_log_prob(mean, log_std, action), gaussian_entropy(log_std), value, mean
 
 
@@ -255,32 +276,44 @@ class PolicyKernel:
 
         self.trunk = linears(model.trunk)
         actor, critic = linears(model.actor_mean), linears(model.critic)
+        self.own_critic = critic if model.critic_dim else None  # a critic of its own observation: apart
+        if self.own_critic is not None:
+            self.actor = actor
+            return
         self.width = actor[0][0].shape[1]
         self.first = (np.concatenate([actor[0][0], critic[0][0]], axis=1), np.concatenate([actor[0][1], critic[0][1]]))
         self.actor_rest, self.critic_rest = actor[1:], critic[1:]
 
-    def step(self, obs: np.ndarray, state: None) -> tuple[np.ndarray, np.ndarray, None]:
+    def step(
+        self, obs: np.ndarray, state: None, critic_obs: Optional[np.ndarray] = None
+    ) -> tuple[np.ndarray, np.ndarray, None]:
         """(action mean, value, next state): the interface the actor steps either network's kernel with (an MLP
         has no state; ppo_ddp/recurrent.py's RecurrentKernel has)."""
-        return (*self(obs), None)
+        return (*self(obs, critic_obs), None)
 
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(action mean [N, act_dim], value [N]) for normalised float32 observations [N, obs_dim]."""
-        for w, b in self.trunk:  # a shared trunk's layers, each followed by the activation
-            obs = obs @ w
-            obs += b
-            self.activation(obs)
+    def __call__(self, obs: np.ndarray, critic_obs: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+        """(action mean [N, act_dim], value [N]) for normalised float32 observations [N, obs_dim] (and the
+        critic's own [N, critic_dim], when it has them)."""
+        obs = numpy_mlp(obs, self.trunk, self.activation, last=True)  # a shared trunk's layers
+        if self.own_critic is not None:
+            value = numpy_mlp(critic_obs, self.own_critic, self.activation)[:, 0]
+            return numpy_mlp(obs, self.actor, self.activation), unscale_value(value, self.value_scale)
         h = obs @ self.first[0]
         h += self.first[1]
         if not self.actor_rest:  # the heads were linear: h is [mean | value]
             return h[:, : self.width], unscale_value(h[:, self.width], self.value_scale)
         self.activation(h)
-        out = []
-        for x, layers in ((h[:, : self.width], self.actor_rest), (h[:, self.width :], self.critic_rest)):
-            for i, (w, b) in enumerate(layers):
-                x = x @ w
-                x += b
-                if i < len(layers) - 1:
-                    self.activation(x)
-            out.append(x)
-        return out[0], unscale_value(out[1][:, 0], self.value_scale)
+        mean = numpy_mlp(h[:, : self.width], self.actor_rest, self.activation)
+        value = numpy_mlp(h[:, self.width :], self.critic_rest, self.activation)
+        return mean, unscale_value(value[:, 0], self.value_scale)
+
+
+def numpy_mlp(x: np.ndarray, layers: Sequence[tuple[np.ndarray, np.ndarray]], activation, last: bool = False):
+    """_mlp_forward in numpy on numpy_linear's layers: the activation (in place) between layers, and after the
+    last too when `last`. x itself is never written; no layers: x."""
+    for i, (w, b) in enumerate(layers):
+        x = x @ w
+        x += b
+        if last or i < len(layers) - 1:
+            activation(x)
+    return x

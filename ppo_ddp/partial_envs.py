@@ -9,8 +9,12 @@ imported, so any library can make them:
 
 Each is its gymnasium env with the velocity block removed from the observation and nothing else changed: the same
 reward, termination (Hopper's and Walker2d's health checks still read the whole state), truncation, reset and
-seeding. For MuJoCo v5 envs the block is found from the env's own `observation_structure` (positions, then
-velocities); Pendulum-v1's observation is (cos θ, sin θ, θ'), of which θ' goes.
+seeding. The whole observation is still there for whoever may see it: `info["full_obs"]` at reset and at every
+step (the final one of an episode included) is the base env's observation, velocities and all: what a privileged
+critic reads (`--critic-obs full_obs`, docs/usage.md), never the policy.
+
+For MuJoCo v5 envs the block is found from the env's own `observation_structure` (positions, then velocities);
+Pendulum-v1's observation is (cos θ, sin θ, θ'), of which θ' goes.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ PARTLY_OBSERVED = {
 }
 """Each partly observed env's id and the gymnasium env it hides the velocities of."""
 
+FULL_OBS_KEY = "full_obs"
+"""The key of `info` that holds the base env's whole observation at reset and at every step."""
 PENDULUM_VELOCITY = 2  # Pendulum-v1's observation: cos(theta), sin(theta), theta_dot
 
 
@@ -41,6 +47,14 @@ class DropVelocities(gym.ObservationWrapper):
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return observation[self.kept]
+
+    def reset(self, **kwargs) -> tuple[np.ndarray, dict]:
+        obs, info = self.env.reset(**kwargs)
+        return self.observation(obs), {**info, FULL_OBS_KEY: obs}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.observation(obs), reward, terminated, truncated, {**info, FULL_OBS_KEY: obs}
 
 
 def velocity_indices(env: gym.Env) -> np.ndarray:

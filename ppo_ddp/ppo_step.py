@@ -45,6 +45,8 @@ class Minibatch:
     """[C, H]: the GRU states entering each chunk (policy "gru")."""
     episode_start: Optional[torch.Tensor] = None
     """[C, L], 1.0 where the step starts an episode (policy "gru")."""
+    critic_obs: Optional[torch.Tensor] = None
+    """[B, Dc] or [C, L, Dc]: the critic's own observations (critic_obs)."""
 
 
 class FlatAdam:

@@ -32,11 +32,13 @@ from ppo_ddp.model import (
     ActorCritic,
     PolicyKernel,
     _layer,
+    _mlp,
     _mlp_forward,
     gaussian_entropy,
     gaussian_log_prob,
     hidden_layers,
     numpy_linear,
+    numpy_mlp,
 )
 from ppo_ddp.normalization import Moments, unscale_value, value_scale
 
@@ -187,6 +189,8 @@ class RecurrentActorCritic(nn.Module):
 
     One core for both (rl_games' default; sb3-contrib's default is a core each): measured on HopperNoVel-v5 the
     update took 0.175 s a round against 0.25 s with two, and learned no worse (docs/design.md, docs/tuning.md).
+    With critic_dim the value is instead an MLP of hidden_sizes on the critic's own observation (cfg.critic_obs:
+    privileged, whole, so it needs no memory), and the GRU serves the policy alone.
     As ActorCritic, the forward is written on the layers' tensors, so that the PPO step can run it on views of its
     flat parameter (`evaluate_chunks(..., params=)`)."""
 
@@ -198,15 +202,20 @@ class RecurrentActorCritic(nn.Module):
         activation: str = "tanh",
         log_std_init: float = 0.0,
         rnn_hidden_size: int = 64,
+        critic_dim: int = 0,
     ) -> None:
         super().__init__()
         self.obs_dim, self.act_dim, self.rnn_hidden_size = obs_dim, act_dim, rnn_hidden_size
+        self.critic_dim = critic_dim
         self.activation = ACTIVATION_FUNCTIONS[activation]
         width = hidden_sizes[-1] if hidden_sizes else obs_dim
         # the encoder: every layer followed by the activation (the GRU reads its output)
         self.encoder = nn.Sequential(*hidden_layers(obs_dim, hidden_sizes, activation))
         self.gru = _gru(width, rnn_hidden_size)
-        self.critic = _layer(rnn_hidden_size, 1, 1.0)
+        if critic_dim:
+            self.critic = _mlp(critic_dim, hidden_sizes, 1, activation, out_gain=1.0)
+        else:
+            self.critic = _layer(rnn_hidden_size, 1, 1.0)
         self.actor_mean = _layer(rnn_hidden_size, act_dim, 0.01)
         self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
         names = [name for name, _ in self.named_parameters()]
@@ -219,17 +228,27 @@ class RecurrentActorCritic(nn.Module):
         return [params[i] for i in self._at[part]]
 
     def forward_chunks(
-        self, obs: torch.Tensor, h0: torch.Tensor, starts: torch.Tensor, params: Optional[Sequence[torch.Tensor]] = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Chunks first: obs [C, T, D], h0 [C, H] (the state entering each chunk's first step), starts [C, T].
-        Returns (action mean [C, T, A], value [C, T], the state after each chunk's last step [C, H])."""
+        self,
+        obs: torch.Tensor,
+        h0: torch.Tensor,
+        starts: torch.Tensor,
+        params: Optional[Sequence[torch.Tensor]] = None,
+        critic_obs: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """Chunks first: obs [C, T, D], h0 [C, H] (the state entering each chunk's first step), starts [C, T],
+        the critic's own observations [C, T, Dc] (critic_dim; without them no value). Returns (action mean
+        [C, T, A], value [C, T] or None, the state after each chunk's last step [C, H])."""
         params = list(self.parameters()) if params is None else params
         obs_t = obs.transpose(0, 1)  # time first for the unroll
         x = self.activation(_mlp_forward(obs_t, self._part(params, "encoder"), self.activation))
         w_ih, w_hh, b_ih, b_hh = self._part(params, "gru")  # nn.GRU's order
         states, last = unroll(input_projection(x, w_ih, b_ih), h0, starts.transpose(0, 1), w_hh, b_hh)
         mean = nn.functional.linear(states, *self._part(params, "actor_mean")).transpose(0, 1)
-        value = nn.functional.linear(states, *self._part(params, "critic")).squeeze(-1).transpose(0, 1)
+        critic = self._part(params, "critic")
+        if not self.critic_dim:
+            value = nn.functional.linear(states, *critic).squeeze(-1).transpose(0, 1)
+        else:
+            value = None if critic_obs is None else _mlp_forward(critic_obs, critic, self.activation).squeeze(-1)
         return mean, value, last
 
     def evaluate_chunks(
@@ -239,20 +258,22 @@ class RecurrentActorCritic(nn.Module):
         h0: torch.Tensor,
         starts: torch.Tensor,
         params: Optional[Sequence[torch.Tensor]] = None,
+        critic_obs: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log-prob of actions [C, T], entropy (one number, as ActorCritic.evaluate's), value [C, T])."""
-        return self._evaluate(obs, actions, h0, starts, list(self.parameters()) if params is None else params)[:3]
+        params = list(self.parameters()) if params is None else params
+        return self._evaluate(obs, actions, h0, starts, params, critic_obs)[:3]
 
-    def _evaluate(self, obs, actions, h0, starts, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _evaluate(self, obs, actions, h0, starts, params: Sequence[torch.Tensor], critic_obs=None) -> tuple:
         """(log-prob, entropy, value, action mean)."""
-        mean, value, _ = self.forward_chunks(obs, h0, starts, params)
+        mean, value, _ = self.forward_chunks(obs, h0, starts, params, critic_obs)
         (log_std,) = self._part(params, "actor_logstd")
         return gaussian_log_prob(mean, log_std, actions), gaussian_entropy(log_std), value, mean
 
     def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """evaluate_chunks() on a PPO mini-batch of chunks (its hidden and episode_start), and the action mean
         [C, T, A] as its fourth value (for bounds_loss_coef): the loss's one call."""
-        return self._evaluate(mb.obs, mb.actions, mb.hidden, mb.episode_start, params)
+        return self._evaluate(mb.obs, mb.actions, mb.hidden, mb.episode_start, params, mb.critic_obs)
 
     def initial_state(self, n: int) -> torch.Tensor:
         """The state of n envs at their episodes' start: zeros [n, H]."""
@@ -285,32 +306,40 @@ class RecurrentKernel:
         self.layers = [numpy_linear(m.weight, m.bias) for m in model.encoder if isinstance(m, nn.Linear)]
         gru = model.gru
         self.cell.load(gru.weight_ih_l0, gru.bias_ih_l0, gru.weight_hh_l0, gru.bias_hh_l0)
-        # both heads as one product: [H, A + 1]
         w_mean, b_mean = numpy_linear(model.actor_mean.weight, model.actor_mean.bias)
+        if model.critic_dim:  # the value is an MLP of the critic's own observation
+            self.own_critic = [numpy_linear(m.weight, m.bias) for m in model.critic if isinstance(m, nn.Linear)]
+            self.heads = (w_mean, b_mean)
+            return
+        # both heads as one product: [H, A + 1]
+        self.own_critic = None
         w_value, b_value = numpy_linear(model.critic.weight, model.critic.bias)
         self.heads = (np.concatenate([w_mean, w_value], axis=1), np.concatenate([b_mean, b_value]))
 
-    def step(self, obs: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        x = obs
-        for w, b in self.layers:
-            x = x @ w
-            x += b
-            self.activation(x)
+    def step(
+        self, obs: np.ndarray, h: np.ndarray, critic_obs: Optional[np.ndarray] = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x = numpy_mlp(obs, self.layers, self.activation, last=True)
         state = self.cell.step(x, h)
         out = state @ self.heads[0]
         out += self.heads[1]
+        if self.own_critic is not None:
+            value = numpy_mlp(critic_obs, self.own_critic, self.activation)[:, 0]
+            return out, unscale_value(value, self.value_scale), state
         return out[:, :-1], unscale_value(out[:, -1], self.value_scale), state
 
 
-def make_model(cfg: Config, obs_dim: int, act_dim: int) -> ActorCritic | RecurrentActorCritic:
+def make_model(cfg: Config, obs_dim: int, act_dim: int, critic_dim: int = 0) -> ActorCritic | RecurrentActorCritic:
     """The network a config describes (policy, hidden_sizes, activation, shared_trunk, log_std_init,
-    rnn_hidden_size), on the CPU: every process that builds one (learner, actors, evaluator, evaluate) builds it
-    here."""
+    rnn_hidden_size; critic_dim: the width of the critic's own observation, cfg.critic_obs), on the CPU: every
+    process that builds one (learner, actors, evaluator, evaluate) builds it here."""
     if cfg.policy == "gru":
         return RecurrentActorCritic(
-            obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.rnn_hidden_size
+            obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.rnn_hidden_size, critic_dim
         )
-    return ActorCritic(obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.shared_trunk)
+    return ActorCritic(
+        obs_dim, act_dim, cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.shared_trunk, critic_dim
+    )
 
 
 def make_kernel(model: ActorCritic | RecurrentActorCritic, activation: str) -> PolicyKernel | RecurrentKernel:

@@ -30,8 +30,9 @@ from ppo_ddp.learner import RolloutBatch
 from ppo_ddp.normalization import Moments
 from ppo_ddp.run_state import RunState
 
-Publication = tuple[torch.Tensor, Optional[Moments], Optional[Moments], Optional[Moments]]
-"""(flat weights, obs_rms, ret_rms, value_rms): what a round's actors act with; the statistics None where unused."""
+Publication = tuple[torch.Tensor, Optional[Moments], Optional[Moments], Optional[Moments], Optional[Moments]]
+"""(flat weights, obs_rms, ret_rms, value_rms, critic_rms): what a round's actors act with; the statistics None
+where unused."""
 
 
 class Rounds:
@@ -72,11 +73,11 @@ class Rounds:
             self._start(k + 1)
 
     def _start(self, k: int) -> None:
-        weights, obs_rms, ret_rms, value_rms = self.publish()
+        weights, *statistics = self.publish()
         if self.resumed_weights is not None:  # the round a stopped overlapped run had in flight, as it was
             weights, self.resumed_weights = self.resumed_weights.to(weights.device), None
         weights = weights.detach().clone()
-        self.pool.start(weights, obs_rms, ret_rms, value_rms)
+        self.pool.start(weights, *statistics)
         self.in_flight = (k, weights)
         if self.cfg.overlap:
             self.run.behaviour_weights = weights

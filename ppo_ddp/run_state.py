@@ -34,6 +34,8 @@ class RunState:
     """Discounted-return statistics: the rewards' scale (normalize_reward)."""
     value_rms: Optional[Moments] = None
     """Statistics of the returns the critic learns (normalize_value)."""
+    critic_rms: Optional[Moments] = None
+    """Statistics of the critic's own observations (critic_obs with normalize_obs)."""
     learning_rate: Optional[float] = None
     """The adapted learning rate of the next round (adaptive_lr; None: the configured schedule's)."""
     best_return: float = -math.inf
@@ -71,6 +73,7 @@ class RunState:
             "obs_rms_state": self.obs_rms.to_state() if (normalize_obs and self.obs_rms) else None,
             "return_rms_state": self.ret_rms.to_state() if self.ret_rms else None,
             "value_rms_state": self.value_rms.to_state() if self.value_rms else None,
+            "critic_obs_rms_state": self.critic_rms.to_state() if self.critic_rms else None,
             "learning_rate": self.learning_rate,
             "iteration": self.iteration,
             "global_step": self.global_step,
@@ -84,6 +87,8 @@ class RunState:
         self.obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] else None
         self.ret_rms = Moments.from_state(state["return_rms_state"]) if state.get("return_rms_state") else None
         self.value_rms = Moments.from_state(state["value_rms_state"]) if state.get("value_rms_state") else None
+        critic = state.get("critic_obs_rms_state")
+        self.critic_rms = Moments.from_state(critic) if critic else None
         self.learning_rate = state.get("learning_rate")
         self.iteration, self.global_step = int(state["iteration"]), int(state["global_step"])
         self.best_return = float(state["best_return"])

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ppo_ddp import compiled
+from ppo_ddp import compiled, statistics
 from ppo_ddp import distributed as D
 from ppo_ddp.actor_pool import ActorPool, Rollout
 from ppo_ddp.agreement import Agreement, RunFailed, Stopped
@@ -39,14 +39,14 @@ from ppo_ddp.checkpoint import mean_policy
 from ppo_ddp.checkpointer import Checkpointer, elastic_restart, run_name
 from ppo_ddp.config import Config, minibatch_rows
 from ppo_ddp.debug import RoundRecorder
-from ppo_ddp.envs import make_env
+from ppo_ddp.envs import critic_obs_dim, make_env
 from ppo_ddp.evaluator import EVAL_FINISH_TIMEOUT, Evaluation, Evaluator
 from ppo_ddp.learner import Learner, adapted_learning_rate, annealed_learning_rate, check_finite
 from ppo_ddp.model import num_parameters
-from ppo_ddp.normalization import merge_rms_states, tensor_moments, value_scale
+from ppo_ddp.normalization import value_scale
 from ppo_ddp.presets import describe
 from ppo_ddp.recurrent import make_model
-from ppo_ddp.rounds import Publication, Rounds
+from ppo_ddp.rounds import Rounds
 from ppo_ddp.run_log import RunLogger, default_run_name, format_duration, open_run_folder
 from ppo_ddp.run_state import RunState
 from ppo_ddp.signals import ForcedStop, StopRequests, signal_name
@@ -59,25 +59,27 @@ class Trainer:
     def __init__(self, cfg: Config, ctx: D.DistContext, stop: StopRequests, actors: int) -> None:
         self.cfg, self.ctx, self.stop, self.actors = cfg, ctx, stop, actors
         probe = make_env(cfg.env_id)
-        self.obs_shape = probe.observation_space.shape
-        obs_dim, act_dim = int(np.prod(self.obs_shape)), int(np.prod(probe.action_space.shape))
+        obs_shape = probe.observation_space.shape
+        obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(probe.action_space.shape))
         probe.close()
+        critic_dim = critic_obs_dim(cfg.env_id, cfg.critic_obs) if cfg.critic_obs is not None else 0
+        self.obs_shapes = (obs_shape, (critic_dim,))  # the policy's and the critic's own (none: 0 entries)
         if ctx.device.type == "cpu":
             threads = cpu_learner_threads(cfg.learner_threads, ctx.local_world_size, actors if cfg.overlap else 0)
             torch.set_num_threads(threads)
         torch.manual_seed(cfg.seed)
-        self.model = make_model(cfg, obs_dim, act_dim).to(ctx.device)
+        self.model = make_model(cfg, obs_dim, act_dim, critic_dim).to(ctx.device)
         D.broadcast_parameters(ctx, self.model)
         self.learner = Learner(cfg, self.model, ctx.device, functools.partial(D.average_, ctx))
         self.restart_count, self.elastic_id = elastic_restart()
         name = run_name(cfg, ctx.is_main, self.restart_count, self.elastic_id)
         self.run_name = D.broadcast_object(ctx, name or default_run_name(cfg.env_id, cfg.seed, time.time()))
         self.run_dir = Path(cfg.runs_dir) / self.run_name
-        self.checkpointer = Checkpointer(cfg, ctx, self.run_dir, self.run_name, (obs_dim, act_dim))
+        self.checkpointer = Checkpointer(cfg, ctx, self.run_dir, self.run_name, (obs_dim, act_dim, critic_dim))
         self.agreement = Agreement(ctx, stop, self.checkpointer.kept)
         self.run = RunState()
         self.steps_per_round = ctx.world_size * actors * cfg.envs_per_actor * cfg.rollout_length
-        self.spec = BufferSpec.for_config(cfg, actors, obs_dim, act_dim, num_parameters(self.model))
+        self.spec = BufferSpec.for_config(cfg, actors, obs_dim, act_dim, num_parameters(self.model), critic_dim)
         self.recorder = RoundRecorder.from_env()  # the tests' view of each round, or None
         self.logger: Optional[RunLogger] = None
         self.pool: Optional[ActorPool] = None
@@ -97,12 +99,14 @@ class Trainer:
                 self.pool = self.agreement.own_work(lambda: stack.enter_context(self._actor_pool()))
                 if self.ctx.is_main and self.cfg.eval_interval:
                     videos = self.run_dir / "videos" if self.cfg.capture_video else None
-                    evaluator = functools.partial(Evaluator, self.cfg, self.spec.obs_dim, self.spec.act_dim, videos)
+                    dims = (self.spec.obs_dim, self.spec.act_dim, self.spec.critic_dim)
+                    evaluator = functools.partial(Evaluator, self.cfg, dims, videos)
                     self.evaluator = self.agreement.own_work(lambda: stack.enter_context(evaluator()))
                 self.agreement.settle()
                 self._say_start(notes)
                 self._finish_compile(compiling)
-                self.rounds = Rounds(self.cfg, self.pool, self.ctx.device, self.num_iterations, self._publication, run)
+                publish = functools.partial(statistics.published, self.cfg, run, self.learner.flat_params)
+                self.rounds = Rounds(self.cfg, self.pool, self.ctx.device, self.num_iterations, publish, run)
                 stopped = self._rounds()
                 if stopped:
                     ckpt.save_at_stop(self.learner, self.run)
@@ -149,7 +153,7 @@ class Trainer:
             if stopped:
                 return stopped
             frozen_obs_rms = run.obs_rms  # the statistics the actors used this round
-            adv_stats = self._merge_statistics(rollout)  # 4: over all actors of all ranks, one collective
+            adv_stats = statistics.merge_round(self.ctx, self.cfg, run, rollout, self.obs_shapes)  # 4: all ranks
             agree.own_work(self.rounds.start_next, iteration)  # overlapped: the next round collects from here on
             if self.seeding and iteration == first:
                 run.global_step += self.steps_per_round  # round 0 seeds the statistics and trains nothing
@@ -173,43 +177,6 @@ class Trainer:
         if self.cfg.sync_mode == "gradients":
             return False
         return iteration % self.cfg.param_sync_interval == 0 or iteration == self.num_iterations
-
-    def _publication(self) -> Publication:
-        """What a round starting now acts with: this rank's weights and the statistics merged so far."""
-        cfg, run = self.cfg, self.run
-        return (
-            self.learner.flat_params,
-            run.obs_rms if cfg.normalize_obs else None,
-            run.ret_rms if cfg.normalize_reward else None,
-            run.value_rms if cfg.normalize_value else None,
-        )
-
-    def _merge_statistics(self, rollout: Rollout) -> Optional[tuple[float, float]]:
-        """Merge this round's increments over all actors of all ranks into the history, once; returns the
-        (mean, unbiased std) of all ranks' advantages for their normalisation, or None."""
-        cfg, run = self.cfg, self.run
-        # non-finite advantages are not checked here: the update that follows reports them, with round and rank
-        obs_inc, ret_inc, value_inc, adv_moments = D.merge_moments_across_ranks(
-            self.ctx,
-            [
-                merge_rms_states(r.obs_moments for r in rollout.reports) if cfg.normalize_obs else None,
-                merge_rms_states(r.return_moments for r in rollout.reports) if cfg.normalize_reward else None,
-                tensor_moments(rollout.batch.returns) if cfg.normalize_value else None,
-                # recomputed advantages are normalised by each rank at each epoch (Learner._targets)
-                tensor_moments(rollout.batch.advantages) if cfg.norm_adv and not cfg.recompute_advantages else None,
-            ],
-            [self.obs_shape, (), (), ()],
-        )
-        if cfg.normalize_obs:
-            run.obs_rms = merge_rms_states([run.obs_rms, obs_inc])
-        if cfg.normalize_reward:
-            run.ret_rms = merge_rms_states([run.ret_rms, ret_inc])
-        if cfg.normalize_value:  # the critic of this round's update learns returns standardised with these
-            run.value_rms = merge_rms_states([run.value_rms, value_inc])
-        if adv_moments is None:
-            return None
-        n = adv_moments.count
-        return float(adv_moments.mean), math.sqrt(float(adv_moments.var) * n / max(n - 1, 1))
 
     def _update(self, rollout: Rollout, adv_stats: Optional[tuple[float, float]], iteration: int) -> dict[str, float]:
         """PPO on this rank's rollout, the advantages (and value targets) normalised with the statistics of all
@@ -319,11 +286,7 @@ class Trainer:
         rewards. Its steps count in global_step; nothing is trained on it (re-normalising round 1's data
         instead is impossible: its bootstrap values came from unnormalised final observations)."""
         cfg, run = self.cfg, self.run
-        seeding = (
-            (cfg.normalize_obs and run.obs_rms is None)
-            or (cfg.normalize_reward and run.ret_rms is None)
-            or (cfg.normalize_value and run.value_rms is None)
-        )
+        seeding = statistics.unseeded(cfg, run)
         left = cfg.total_timesteps - run.global_step - (self.steps_per_round if seeding else 0)
         self.num_iterations = run.iteration + max(0, math.ceil(left / self.steps_per_round))
         self.seeding = seeding and self.num_iterations > run.iteration
@@ -371,6 +334,7 @@ class Trainer:
             noise_states=self.run.noise_states,
             carried=self.run.actors_carried,
             first_round=self.run.iteration + (0 if self.seeding else 1),
+            critic_dim=self.spec.critic_dim,
         )
 
     def _say_start(self, notes: list[str]) -> None:

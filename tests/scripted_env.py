@@ -13,6 +13,9 @@ it stores sees it change under its feet.
 Failure variants (for supervision tests; `target_seed` picks one env of one actor, others run normally):
 ScriptedRaise-v0 raises at `at_step`; ScriptedNaNObs-v0 / ScriptedNaNReward-v0 return NaN there;
 ScriptedHang-v0 sleeps (practically) forever there; ScriptedSlow-v0 sleeps `delay` seconds every step.
+
+ScriptedPrivileged-v0 is Scripted-v0 that also gives `info["full_obs"] = privileged(obs)` at reset and every step:
+[tag, k, s, 10 * s + k], another width than the policy's 3, for the privileged critic's tests.
 Steps are counted over the env's lifetime from 0, like the actor's steps of its first round.
 
 For the trainer's fault tests (tests/test_reliability.py: 1 actor x 2 envs x 32 steps a round, --seed 7):
@@ -88,6 +91,24 @@ class ScriptedEnv(gym.Env):
         return self._obs, reward, terminated and ended, truncated and ended, {}
 
 
+class PrivilegedScriptedEnv(ScriptedEnv):
+    """Scripted-v0 with the critic's own observation in info["full_obs"]."""
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        obs, info = super().reset(seed=seed, options=options)
+        return obs, {**info, "full_obs": privileged(obs)}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, {**info, "full_obs": privileged(obs)}
+
+
+def privileged(obs: np.ndarray) -> np.ndarray:
+    """The privileged observation of ScriptedPrivileged-v0 for a policy observation (rows [..., 3])."""
+    obs = np.asarray(obs, dtype=np.float64)
+    return np.concatenate([obs, 10 * obs[..., 2:3] + obs[..., 1:2]], axis=-1)
+
+
 def expected_script(tag: float, steps: int) -> dict[str, np.ndarray]:
     """What Scripted-v0 yields over its first `steps` steps: the observation each step starts from,
     reward, flags, and the final observation of steps that end an episode (NaN rows elsewhere)."""
@@ -128,3 +149,4 @@ _register(
     id="ScriptedHangRank0-v0",
     kwargs={"failure": "hang", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 0, 0, 1)},
 )
+gym.register(id="ScriptedPrivileged-v0", entry_point="scripted_env:PrivilegedScriptedEnv", disable_env_checker=True)

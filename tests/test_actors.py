@@ -138,14 +138,14 @@ def test_buffer_layout_sentinel_and_stats():
     try:
         assert np.isnan(owner.arrays["advantages"]).all() and (owner.arrays["truncated"] == FLAG_SENTINEL).all()
         assert owner.obs.shape == (2, 5, 3, 7) and owner.actions.shape == (2, 5, 3, 2) and owner.weights.shape == (101,)
-        assert owner.read_stats() == (None, None, None)
+        assert owner.read_stats() == (None, None, None, None)
         obs_rms = Moments(np.arange(7.0), np.full(7, 2.0), 10.0)
         owner.write_stats(
             obs_rms, Moments(np.array(1.5), np.array(4.0), 3.0), Moments(np.array(-2.0), np.array(9.0), 5.0)
         )
         attached = SharedBuffers.attach(spec, owner.name)  # what an actor sees
         try:
-            got_obs, got_ret, got_value = attached.read_stats()
+            got_obs, got_ret, got_value, _ = attached.read_stats()
             np.testing.assert_array_equal(got_obs.mean, obs_rms.mean)
             np.testing.assert_array_equal(got_obs.var, obs_rms.var)
             assert (
@@ -160,22 +160,25 @@ def test_buffer_layout_sentinel_and_stats():
         finally:
             attached.close()
         owner.write_stats(None, None)
-        assert owner.read_stats() == (None, None, None)
+        assert owner.read_stats() == (None, None, None, None)
     finally:
         owner.close()
     assert not os.path.exists(f"/dev/shm/{owner.name}")
 
 
-@pytest.mark.parametrize("shared_trunk", [False, True])
+@pytest.mark.parametrize("critic", ["separate", "shared_trunk", "critic_obs"])
 @pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
-def test_policy_kernel_matches_model(activation, shared_trunk):
-    model = ActorCritic(9, 3, (32, 16), activation, log_std_init=-0.5, shared_trunk=shared_trunk)
+def test_policy_kernel_matches_model(activation, critic):
+    critic_dim = 5 if critic == "critic_obs" else 0  # the critic reads observations of its own
+    model = ActorCritic(9, 3, (32, 16), activation, -0.5, shared_trunk=critic == "shared_trunk", critic_dim=critic_dim)
     kernel = PolicyKernel(model, activation)
     obs = torch.randn(13, 9) * 3
-    mean, value = kernel(obs.numpy())
+    critic_obs = torch.randn(13, critic_dim) * 3 if critic_dim else None
+    mean, value = kernel(obs.numpy(), None if critic_obs is None else critic_obs.numpy())
     with torch.no_grad():
         np.testing.assert_allclose(mean, model.action_mean(obs).numpy(), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(value, model.value(obs).numpy(), rtol=1e-5, atol=1e-6)
+        valued = obs if critic_obs is None else critic_obs
+        np.testing.assert_allclose(value, model.value(valued).numpy(), rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------- scripted rollouts

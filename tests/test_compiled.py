@@ -26,6 +26,7 @@ from ppo_ddp.recurrent import RecurrentActorCritic, make_model
 # Hopper's sizes and the mini-batch of 16 that tests/test_train.py's SMALL runs train on: the default config's
 # step compiled here is the one those runs load from inductor's cache, and the reverse (one build per shape).
 OBS, ACT, B, MINIBATCHES = 11, 3, 64, 4
+CRITIC = 7  # the width of the privileged critic's observation (critic_obs)
 
 # Every option of the update is in one of these (with target_kl low enough to stop after the first epoch).
 CONFIGS = {
@@ -38,7 +39,8 @@ CONFIGS = {
         adaptive_lr=True,
         learner_threads=2,
     ),  # fmt: skip
-    "elu-anneal": Config(activation="elu", hidden_sizes=(24,), max_grad_norm=0.05),
+    # the critic values observations of its own (critic_obs)
+    "elu-anneal-critic_obs": Config(activation="elu", hidden_sizes=(24,), max_grad_norm=0.05, critic_obs="full_obs"),
     # one trunk for policy and value (rl_games' separate: False): the value loss's gradient reaches the policy's layers
     "elu-shared_trunk-normalize_value": Config(
         activation="elu",
@@ -52,6 +54,8 @@ CONFIGS = {
     "gru-chunks": Config(
         policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), ent_coef=0.01, bounds_loss_coef=0.01
     ),
+    # a GRU policy with an MLP critic of its own observation
+    "gru-critic_obs": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), critic_obs="full_obs"),
 }
 
 
@@ -65,22 +69,25 @@ def batch_for(model: ActorCritic | RecurrentActorCritic, seed: int) -> RolloutBa
         L = CONFIGS["gru-chunks"].seq_length
         obs, h0 = torch.randn(B // L, L, OBS, generator=g), 0.5 * torch.randn(B // L, 8, generator=g)
         starts = (torch.rand(B // L, L, generator=g) < 0.2).float()
+        critic = torch.randn(B // L, L, CRITIC, generator=g) if model.critic_dim else None
         with torch.no_grad():
-            mean, values, _ = model.forward_chunks(obs, h0, starts)
+            mean, values, _ = model.forward_chunks(obs, h0, starts, critic_obs=critic)
         actions = mean + torch.randn(mean.shape, generator=g) * model.actor_logstd.exp()
         logp = gaussian_log_prob(mean, model.actor_logstd, actions).detach()
         advantages = torch.randn(B // L, L, generator=g)
-        return RolloutBatch(obs, actions.detach(), logp, values, advantages, advantages + values + 0.5, h0, starts)
+        returns = advantages + values + 0.5
+        return RolloutBatch(obs, actions.detach(), logp, values, advantages, returns, h0, starts, critic_obs=critic)
     obs = torch.randn(B, OBS, generator=g)
+    critic = torch.randn(B, CRITIC, generator=g) if model.critic_dim else None
     with torch.no_grad():
-        actions, logp, values = model.sample(obs, g)
+        actions, logp, values = model.sample(obs, g, critic)
     advantages = torch.randn(B, generator=g)
-    return RolloutBatch(obs, actions, logp, values, advantages, advantages + values + 0.5)
+    return RolloutBatch(obs, actions, logp, values, advantages, advantages + values + 0.5, critic_obs=critic)
 
 
 def learner_for(cfg: Config, compile: bool) -> Learner:
     torch.manual_seed(0)
-    model = make_model(cfg, OBS, ACT)
+    model = make_model(cfg, OBS, ACT, CRITIC if cfg.critic_obs else 0)
     cfg = dataclasses.replace(cfg, update_epochs=3, num_minibatches=MINIBATCHES)
     learner = Learner(cfg, model, torch.device("cpu"))
     if compile:

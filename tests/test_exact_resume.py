@@ -52,16 +52,22 @@ def resume_command(stopped: Launch, torchrun: bool = False) -> list[str]:
     return [*(TORCHRUN if torchrun else [sys.executable]), *command[1:]]
 
 
-def test_a_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):
-    u = Launch(learner(tmp_path, "u", *GRU), tmp_path, "u", debug=tmp_path / "debug_u")
+def assert_a_stopped_learner_resumes_exactly(tmp_path: Path, *extra: str) -> None:
+    """One learner run uninterrupted (u), and the same stopped by SIGTERM after round 3 and resumed with the
+    command it printed (r): the same run, bit for bit."""
+    u = Launch(learner(tmp_path, "u", *extra), tmp_path, "u", debug=tmp_path / "debug_u")
     assert u.wait() == 0, u.output()
-    i = Launch(learner(tmp_path, "r", *GRU), tmp_path, "i", debug=tmp_path / "debug_r")
+    i = Launch(learner(tmp_path, "r", *extra), tmp_path, "i", debug=tmp_path / "debug_r")
     os.kill(i.wait_for_dump(0, 3)["pid"], signal.SIGTERM)
     assert i.wait() == 143, i.output()
     r = Launch(resume_command(i), tmp_path, "r", debug=tmp_path / "debug_r")
     assert r.wait() == 0, r.output()
     assert NEW_EPISODES not in r.stdout, r.output()
     assert_same_run(tmp_path, "u", "r")
+
+
+def test_a_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):
+    assert_a_stopped_learner_resumes_exactly(tmp_path, *GRU)
 
 
 def test_a_two_rank_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):

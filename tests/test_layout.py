@@ -19,6 +19,7 @@ LAYERS = [
     "export",
     "evaluate",
     "trainer",
+    "statistics",
     "rounds",
     "debug",
     "checkpointer",

@@ -9,7 +9,7 @@ import pytest
 
 import ppo_ddp  # noqa: F401  (registers the ids)
 from ppo_ddp.configure import parse_config
-from ppo_ddp.partial_envs import PARTLY_OBSERVED
+from ppo_ddp.partial_envs import FULL_OBS_KEY, PARTLY_OBSERVED
 from ppo_ddp.run_log import default_run_name
 
 # What each keeps of its full env's observation: the positions (MuJoCo v5 puts them before the velocities).
@@ -32,17 +32,20 @@ def test_the_observation_is_the_full_one_without_the_velocities(env_id):
         assert full.observation_space.shape[0] == structure["qpos"] + structure["qvel"]
     rng = np.random.default_rng(0)
     actions = rng.uniform(full.action_space.low, full.action_space.high, (400, *full.action_space.shape))
-    obs_p, _ = partial.reset(seed=7)
+    obs_p, info = partial.reset(seed=7)
     obs_f, _ = full.reset(seed=7)
     ends = 0
     for step, action in enumerate(actions.astype(full.action_space.dtype)):
         np.testing.assert_array_equal(obs_p, obs_f[kept], err_msg=f"step {step}")
-        obs_p, rew_p, term_p, trunc_p, _ = partial.step(action)
+        # the whole observation for a privileged critic, the final one of an episode included (before the reset)
+        np.testing.assert_array_equal(info[FULL_OBS_KEY], obs_f, err_msg=f"step {step}")
+        obs_p, rew_p, term_p, trunc_p, info = partial.step(action)
         obs_f, rew_f, term_f, trunc_f, _ = full.step(action)
         assert (rew_p, term_p, trunc_p) == (rew_f, term_f, trunc_f), step
         if term_f or trunc_f:
             ends += 1
-            obs_p, _ = partial.reset()
+            np.testing.assert_array_equal(info[FULL_OBS_KEY], obs_f, err_msg=f"final observation of step {step}")
+            obs_p, info = partial.reset()
             obs_f, _ = full.reset()
     if base_id in ("Hopper-v5", "Walker2d-v5"):
         assert ends > 0  # random actions make them fall: the termination was compared too

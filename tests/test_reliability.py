@@ -561,13 +561,14 @@ CHECKPOINT_CASES = {
     "another network shape": (
         lambda t: fake_checkpoint(t / "wide.pt", hidden=(32, 32)),
         [],
-        r"resume='.*wide\.pt': checkpoint's network is hidden_sizes \[32, 32\] activation tanh shared_trunk False, "
-        r"this run's is hidden_sizes \[64, 64\] activation tanh shared_trunk False",
+        r"resume='.*wide\.pt': checkpoint's network is hidden_sizes \[32, 32\] activation tanh shared_trunk False "
+        r"critic_obs None, this run's is hidden_sizes \[64, 64\] activation tanh shared_trunk False critic_obs None",
     ),
     "a shared trunk": (
         lambda t: fake_checkpoint(t / "separate.pt"),
         ["--shared-trunk"],
-        r"resume='.*separate\.pt': checkpoint's network is .* shared_trunk False, this run's is .* shared_trunk True",
+        r"resume='.*separate\.pt': checkpoint's network is .* shared_trunk False .*, this run's is .* "
+        r"shared_trunk True",
     ),
     "another activation": (
         lambda t: fake_checkpoint(t / "tanh.pt"),
