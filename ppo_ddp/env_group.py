@@ -215,8 +215,9 @@ class BatchedEnvs(GymEnvs):
     def step(
         self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray, critic: Optional[np.ndarray] = None
     ) -> Ended:
-        """As GymEnvs.step (critic is None: a group with a critic_key is never batched). The formulas are the envs' own `step`, `_get_obs`, `_get_rew` and `is_healthy`, over
-        all envs at once; `actions` is float32, as gymnasium's envs receive it from the actor."""
+        """As GymEnvs.step (critic is None: a group with a critic_key is never batched). The formulas are the envs'
+        own `step`, `_get_obs`, `_get_rew` and `is_healthy`, over all envs at once; `actions` is float32, as
+        gymnasium's envs receive it from the actor."""
         r = self.robot
         x_before = self.qpos[:, 0].copy()
         self.ctrl[:] = actions
