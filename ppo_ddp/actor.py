@@ -136,12 +136,11 @@ class Actor:
     def _first_reset(self) -> None:
         for e in range(len(self.envs)):
             try:
-                seed = env_seed(self.cfg.seed, self.rank, self.actor_id, e)
-                self.raw[0, e] = self.envs.reset(e, seed, self._critic_row(0, e))
+                seed, critic = env_seed(self.cfg.seed, self.rank, self.actor_id, e), self._critic_row(0, e)
+                self.raw[0, e] = self.envs.reset(e, seed, critic)
             except EnvFailure as failure:
                 exc = failure.__cause__
                 raise EnvError(f"env {e} failed in its first reset: {type(exc).__name__}: {exc}", e, None) from exc
-            critic = self._critic_row(0, e)
             if not (np.isfinite(self.raw[0, e]).all() and (critic is None or np.isfinite(critic).all())):
                 raise EnvError(f"env {e} returned a non-finite observation from its first reset", e, None)
         self.started = True

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from ppo_ddp.envs import critic_obs_dim, env_problem
+from ppo_ddp.envs import critic_obs_problem, env_problem
 from ppo_ddp.flags import said
 from ppo_ddp.topology import resolve_actors_per_learner
 
@@ -331,11 +331,8 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         problem = env_problem(cfg.env_id)
         if problem is not None:
             raise _fail("env_id", cfg.env_id, problem)
-        if cfg.critic_obs is not None:
-            try:
-                critic_obs_dim(cfg.env_id, cfg.critic_obs)
-            except ValueError as e:
-                raise _fail("critic_obs", cfg.critic_obs, f"{cfg.env_id}: {e}") from None
+        if cfg.critic_obs is not None and (problem := critic_obs_problem(cfg.env_id, cfg.critic_obs)):
+            raise _fail("critic_obs", cfg.critic_obs, f"{cfg.env_id}: {problem}")
 
 
 def minibatch_rows(cfg: Config, actors: int) -> int:

@@ -154,19 +154,27 @@ def critic_observation(info: dict[str, Any], key: str) -> np.ndarray:
     return value
 
 
-def critic_obs_dim(env_id: str, key: str) -> int:
-    """The width of env_id's privileged observation info[key] at reset; ValueError with the reason the critic
-    cannot read one (the env does not provide the key, or not as numbers)."""
+def critic_obs_dim(env: gym.Env, key: str) -> int:
+    """The width of env's privileged observation info[key], read from a reset (seed 0); ValueError with the reason
+    the critic cannot read one (the env does not provide the key, or not as numbers)."""
+    _, info = env.reset(seed=0)
+    try:
+        return int(critic_observation(info, key).size)
+    except (ValueError, TypeError) as e:
+        partly = ", ".join(sorted(PARTLY_OBSERVED))
+        raise ValueError(f'{e} at reset; the partly observed envs ({partly}) give "{FULL_OBS_KEY}"') from None
+
+
+def critic_obs_problem(env_id: str, key: str) -> Optional[str]:
+    """Why a critic cannot read env_id's info[key] (critic_obs_dim's reason), or None."""
     env = make_env(env_id)
     try:
-        _, info = env.reset(seed=0)
-        try:
-            return int(critic_observation(info, key).size)
-        except (ValueError, TypeError) as e:
-            partly = ", ".join(sorted(PARTLY_OBSERVED))
-            raise ValueError(f'{e} at reset; the partly observed envs ({partly}) give "{FULL_OBS_KEY}"') from None
+        critic_obs_dim(env, key)
+    except ValueError as e:
+        return str(e)
     finally:
         env.close()
+    return None
 
 
 TRACKING_CAMERA = "track"

@@ -61,8 +61,8 @@ class Trainer:
         probe = make_env(cfg.env_id)
         obs_shape = probe.observation_space.shape
         obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(probe.action_space.shape))
+        critic_dim = critic_obs_dim(probe, cfg.critic_obs) if cfg.critic_obs is not None else 0
         probe.close()
-        critic_dim = critic_obs_dim(cfg.env_id, cfg.critic_obs) if cfg.critic_obs is not None else 0
         self.obs_shapes = (obs_shape, (critic_dim,))  # the policy's and the critic's own (none: 0 entries)
         if ctx.device.type == "cpu":
             threads = cpu_learner_threads(cfg.learner_threads, ctx.local_world_size, actors if cfg.overlap else 0)
