@@ -139,10 +139,14 @@ class Config:
     """Initial state-independent log standard deviation of the Gaussian policy (-1.0: std 0.37 for actions
     in [-1, 1]; with CleanRL's 0.0, half the HalfCheetah seeds settled in a slow gait, docs/tuning.md)."""
     policy: Literal["mlp", "gru"] = "mlp"
-    """"mlp", or "gru" for robots that must remember what they saw (partly observed envs): actor and critic each an
-    MLP of hidden_sizes, a GRU of rnn_hidden_size and a head (ppo_ddp/recurrent.py, docs/design.md)."""
+    """"mlp", or "gru" for robots that must remember what they saw (partly observed envs): an MLP encoder of
+    hidden_sizes, a GRU of rnn_hidden_size and linear heads for the action mean and the value, one core for both
+    (ppo_ddp/recurrent.py, docs/design.md)."""
     rnn_hidden_size: int = 64
-    """Width of each GRU's state (policy "gru")."""
+    """Width of the GRU's state (policy "gru")."""
+    rnn_head_sizes: tuple[int, ...] = ()
+    """Hidden widths of an MLP on the GRU's state, between it and the linear heads (policy "gru"), so that the action
+    is not linear in the memory. (): the heads read the state itself."""
     seq_length: int = 16
     """Steps per chunk of policy "gru" (a divisor of rollout_length): the update shuffles whole chunks and unrolls
     each from the state its actor had entering it, backpropagating through at most this many steps."""
@@ -316,6 +320,10 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise _fail("critic_obs", cfg.critic_obs, "needs shared_trunk false (a shared trunk reads one observation)")
     if not cfg.hidden_sizes or any(h <= 0 for h in cfg.hidden_sizes):
         raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
+    if any(h <= 0 for h in cfg.rnn_head_sizes):
+        raise _fail("rnn_head_sizes", list(cfg.rnn_head_sizes), "must be positive integers (none: no head MLP)")
+    if cfg.rnn_head_sizes and cfg.policy != "gru":
+        raise _fail("rnn_head_sizes", list(cfg.rnn_head_sizes), 'needs policy "gru" (an MLP policy has no GRU)')
     if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():
         raise _fail("resume", cfg.resume, "must be 'auto' or the path of an existing checkpoint file")
     if cfg.resume == "auto" and not cfg.run_name:

@@ -206,6 +206,8 @@ def exit_line(argv, capsys) -> str:
             "num_actors=8 must equal num_gpus * actors_per_gpu",
         ),
         (["--policy", "gru", "--recompute-advantages"], 'recompute_advantages=True: needs policy "mlp"'),
+        (["--rnn-head-sizes", "64"], 'rnn_head_sizes=[64]: needs policy "gru"'),
+        (["--policy", "gru", "--rnn-head-sizes", "64", "0"], "rnn_head_sizes=[64, 0]: must be positive integers"),
         (["--resume", "no/such/checkpoint.pt"], "resume='no/such/checkpoint.pt': must be 'auto' or the path"),
         (["--config", "no/such/file.yaml"], "config='no/such/file.yaml': no such file"),
         (["--config"], "config: --config needs a preset's name or the path of a YAML file"),

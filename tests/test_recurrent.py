@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from ppo_ddp.recurrent import (
@@ -84,12 +85,14 @@ def test_the_numpy_step_is_the_torch_step():
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_the_actor_s_numpy_steps_are_the_learner_s_unroll():
+@pytest.mark.parametrize("head_sizes", [(), (12, 10)], ids=["linear-heads", "head-mlp"])
+def test_the_actor_s_numpy_steps_are_the_learner_s_unroll(head_sizes):
     """What an actor computes step by step (numpy, resetting the state where an episode starts) is what the learner
-    computes over the whole chunk from the state entering it: the same means and values, the same state after."""
+    computes over the whole chunk from the state entering it: the same means and values, the same state after;
+    with the heads on the state alone, and behind a head MLP on the state and the step's features."""
     D, A, C = 6, 3, 5
     torch.manual_seed(4)
-    model = RecurrentActorCritic(D, A, (16, 16), "elu", -0.5, rnn_hidden_size=8)
+    model = RecurrentActorCritic(D, A, (16, 16), "elu", -0.5, rnn_hidden_size=8, head_sizes=head_sizes)
     kernel = RecurrentKernel(model, "elu")
     obs = torch.randn(C, T, D)
     starts = (torch.rand(C, T) < 0.2).float()
@@ -108,10 +111,11 @@ def test_the_actor_s_numpy_steps_are_the_learner_s_unroll():
     np.testing.assert_allclose(h, last.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_evaluate_chunks_on_a_flat_parameter_is_the_model_s():
+@pytest.mark.parametrize("head_sizes", [(), (12,)], ids=["linear-heads", "head-mlp"])
+def test_evaluate_chunks_on_a_flat_parameter_is_the_model_s(head_sizes):
     """The PPO step's path (views of one flat tensor) and the module's own parameters give the same numbers."""
     torch.manual_seed(5)
-    model = RecurrentActorCritic(4, 2, (8,), "tanh", 0.0, rnn_hidden_size=6)
+    model = RecurrentActorCritic(4, 2, (8,), "tanh", 0.0, rnn_hidden_size=6, head_sizes=head_sizes)
     obs, actions, h0 = torch.randn(3, T, 4), torch.randn(3, T, 2), torch.zeros(3, 6)
     starts = torch.zeros(3, T)
     starts[:, 0] = 1.0
