@@ -1,8 +1,10 @@
 """Digests of what an in-process Actor writes, round after round, in scenarios that reach every path of its loop.
 
 tests/test_actor_identity.py compares them with tests/data/rollout_digests.json, written by the actor of commit
-cf789fc (issue 44's base): a faster actor must write the same rollouts, field by field and bit for bit. To write
-the file again (only when a change is meant to change the numbers, and the commit message says so):
+cf789fc (issue 44's base): a faster actor must write the same rollouts, field by field and bit for bit. The file
+now holds the digests that the actor of 395e257 (equal to cf789fc's where both were first recorded) wrote on an
+AMD machine, where the first recording's numbers differ (cpu_vendor). To write the file again (only when a change
+is meant to change the numbers, or on another kind of machine, and the commit message says so):
 
     python tests/rollout_digests.py --write
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import platform
 import sys
 from pathlib import Path
 from typing import Optional
@@ -73,13 +76,26 @@ SCENARIOS: dict[str, tuple[dict, int]] = {
 }
 
 
+def cpu_vendor() -> str:
+    """The CPU's maker as Linux names it (GenuineIntel, AuthenticAMD): with the same AVX-512 features and library
+    versions, the same code wrote other digests on an AMD EPYC than on the machine of the first recording, in the
+    fields that torch computes and in MuJoCo's, since libraries pick their kernels by the CPU model too."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "unknown")
+    except OSError:
+        return platform.processor() or "unknown"
+
+
 def machine() -> dict:
-    """What the numbers depend on beyond the code: numpy's SIMD (its matmul's kernels) and the library versions."""
+    """What the numbers depend on beyond the code: numpy's SIMD (its matmul's kernels), the CPU's maker and the
+    library versions."""
     import mujoco
     from numpy._core._multiarray_umath import __cpu_features__
 
     features = sorted(name for name, found in __cpu_features__.items() if found and name.startswith("AVX512"))
-    return {"numpy": np.__version__, "torch": torch.__version__, "mujoco": mujoco.__version__, "avx512": features}
+    versions = {"numpy": np.__version__, "torch": torch.__version__, "mujoco": mujoco.__version__}
+    return {**versions, "avx512": features, "cpu_vendor": cpu_vendor()}
 
 
 def _digest(*arrays: np.ndarray) -> str:

@@ -2,8 +2,8 @@
 scenarios that reach each path of its loop (tests/rollout_digests.py), against those of issue 44's base actor.
 
 Speeding the actor up (issue 44) must not change one number a run trains on. The digests depend on numpy's
-matmul kernels too, which it picks by the CPU's AVX-512 features: on a machine with others the comparison
-cannot be made, and the test says so as its skip reason.
+matmul kernels too, which it picks by the CPU's AVX-512 features, and on the CPU's maker (rollout_digests.machine):
+on a machine that differs in either the comparison cannot be made, and the test says so as its skip reason.
 """
 
 from __future__ import annotations
