@@ -56,7 +56,7 @@ CONFIGS = {
     ),
     # a GRU policy with an MLP critic of its own observation
     "gru-critic_obs": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), critic_obs="full_obs"),
-    # a head MLP between the GRU and the linear heads, on the state and the step's features
+    # a head MLP on the GRU's state, between it and the linear heads (rnn_head_sizes)
     "gru-head": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), rnn_head_sizes=(12, 10)),
 }
 
