@@ -13,7 +13,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,8 +112,34 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return payload
 
 
-def _network(hidden_sizes: Any, activation: str, shared_trunk: bool, critic_obs: Optional[str]) -> str:
-    return f"hidden_sizes {hidden_sizes} activation {activation} shared_trunk {shared_trunk} critic_obs {critic_obs}"
+# The Config fields that shape the network's parameters: a resume across any of them cannot load the tensors.
+NETWORK_FIELDS = (
+    "policy",
+    "hidden_sizes",
+    "activation",
+    "shared_trunk",
+    "critic_obs",
+    "rnn_hidden_size",
+    "rnn_head_sizes",
+)
+
+
+def _network_fields(saved: dict[str, Any], cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The network fields of the checkpoint's config (a field it predates: the default, which it ran with) and of
+    this run: those that differ, or all of them where none does."""
+    defaults = Config(env_id=cfg.env_id)
+    theirs = {f: _plain(saved.get(f, getattr(defaults, f))) for f in NETWORK_FIELDS}
+    own = {f: _plain(getattr(cfg, f)) for f in NETWORK_FIELDS}
+    differ = [f for f in NETWORK_FIELDS if theirs[f] != own[f]] or list(NETWORK_FIELDS)
+    return {f: theirs[f] for f in differ}, {f: own[f] for f in differ}
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value  # a saved list equals the run's tuple
+
+
+def _network(fields: dict[str, Any]) -> str:
+    return " ".join(f"{name} {value}" for name, value in fields.items())
 
 
 def check_compatible(
@@ -136,11 +162,9 @@ def check_compatible(
     theirs = state["actor"]
     shapes_differ = set(own) != set(theirs) or any(tuple(theirs[k].shape) != tuple(own[k].shape) for k in own)
     if shapes_differ or saved.get("activation", cfg.activation) != cfg.activation:
-        theirs_net = (saved.get("hidden_sizes", "?"), saved.get("activation", "?"), saved.get("shared_trunk", False),
-                      saved.get("critic_obs"))  # fmt: skip
-        own_net = (list(cfg.hidden_sizes), cfg.activation, cfg.shared_trunk, cfg.critic_obs)
+        theirs_net, own_net = _network_fields(saved, cfg)
         raise ConfigError(
-            f"resume={str(path)!r}: checkpoint's network is {_network(*theirs_net)}, this run's is {_network(*own_net)}"
+            f"resume={str(path)!r}: checkpoint's network is {_network(theirs_net)}, this run's is {_network(own_net)}"
         )
     tensors = [len(group.get("params", ())) for group in state["optimizer"].get("param_groups", [])]
     if tensors != [1]:

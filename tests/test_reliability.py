@@ -561,19 +561,23 @@ CHECKPOINT_CASES = {
     "another network shape": (
         lambda t: fake_checkpoint(t / "wide.pt", hidden=(32, 32)),
         [],
-        r"resume='.*wide\.pt': checkpoint's network is hidden_sizes \[32, 32\] activation tanh shared_trunk False "
-        r"critic_obs None, this run's is hidden_sizes \[64, 64\] activation tanh shared_trunk False critic_obs None",
+        r"resume='.*wide\.pt': checkpoint's network is hidden_sizes \[32, 32\], this run's is hidden_sizes \[64, 64\]$",
     ),
     "a shared trunk": (
         lambda t: fake_checkpoint(t / "separate.pt"),
         ["--shared-trunk"],
-        r"resume='.*separate\.pt': checkpoint's network is .* shared_trunk False .*, this run's is .* "
-        r"shared_trunk True",
+        r"resume='.*separate\.pt': checkpoint's network is shared_trunk False, this run's is shared_trunk True$",
     ),
     "another activation": (
         lambda t: fake_checkpoint(t / "tanh.pt"),
         ["--activation", "relu"],
-        r"resume='.*tanh\.pt': checkpoint's network is .* activation tanh .*, this run's is .* activation relu",
+        r"resume='.*tanh\.pt': checkpoint's network is activation tanh, this run's is activation relu$",
+    ),
+    "a GRU with a head": (
+        lambda t: fake_checkpoint(t / "mlp.pt"),
+        ["--policy", "gru", "--rnn-head-sizes", "64"],
+        r"resume='.*mlp\.pt': checkpoint's network is policy mlp rnn_head_sizes \[\], this run's is policy gru "
+        r"rnn_head_sizes \[64\]$",
     ),
     "policy-only file": (
         lambda t: fake_checkpoint(t / "policy.pt", policy_only=True),
