@@ -121,8 +121,9 @@ def export_onnx(policy: EnvPolicy, path: Path, meta: dict[str, Any]) -> None:
 
 def export_torchscript(policy: EnvPolicy, path: Path, meta: dict[str, Any]) -> None:
     # Traced, not scripted: the networks' Python (parameter lists, the GRU's loop over a chunk of one step) is
-    # recorded as the ops it runs, and nothing in the step depends on the values.
-    traced = torch.jit.trace(policy, example_inputs(policy))
+    # recorded as the ops it runs, and nothing in the step depends on the values. Frozen: the weights the step uses
+    # become constants and the rest (the value network or head, a privileged critic) is left out of the file.
+    traced = torch.jit.freeze(torch.jit.trace(policy, example_inputs(policy)))
     torch.jit.save(traced, str(path), _extra_files={"metadata.json": json.dumps(meta)})
 
 

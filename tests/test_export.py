@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +195,33 @@ def test_play_exported_scores_what_evaluate_scores_without_torch(kind, checkpoin
     # the same episodes; onnxruntime sums its products in another order, so the actions agree to ~1e-7
     assert got == pytest.approx(want, rel=1e-4)
     assert len(set(np.round(want, 3))) == 2  # two different episodes, not one counted twice
+
+
+def _with_weights_moved(checkpoint: Path, path: Path, prefix: str) -> Path:
+    """A copy of the checkpoint with the weights whose names start with prefix moved (an empty prefix: none)."""
+    state = torch.load(checkpoint, weights_only=True)
+    state["actor"] = {k: v + 1.0 if prefix and k.startswith(prefix) else v for k, v in state["actor"].items()}
+    save_checkpoint(path, state)
+    return path
+
+
+def _tensors_of(torchscript_file: Path) -> dict[str, bytes]:
+    """The weights a TorchScript file holds: a frozen module's constants (its zip's <name>/constants/), by entry."""
+    with zipfile.ZipFile(torchscript_file) as archive:
+        return {n.split("/", 1)[1]: archive.read(n) for n in archive.namelist() if "/constants" in n}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_torchscript_file_carries_the_policy_alone(kind, checkpoints, tmp_path):
+    """The value network (MLP) or head (GRU) is not in the file: moving its weights leaves the weights the file
+    holds as they were, while moving the policy's changes them."""
+    tensors = {}
+    for name, prefix in (("same", ""), ("critic", "critic."), ("policy", "actor_mean.")):
+        source = _with_weights_moved(checkpoints[kind], tmp_path / f"{name}.pt", prefix)
+        export.main([str(source), "--format", "torchscript", "--output", str(tmp_path / f"{name}.ts")])
+        tensors[name] = _tensors_of(tmp_path / f"{name}.ts")
+    assert tensors["same"] and tensors["critic"] == tensors["same"]
+    assert tensors["policy"] != tensors["same"]
 
 
 def test_it_says_what_it_wrote(checkpoints, tmp_path, capsys):
