@@ -115,14 +115,25 @@ def gym_1m_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     return [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
 
 
-def _policy(row: dict[str, str]) -> str:
-    """The policy a row ran: the --policy of its flags, else its preset's (read back from the preset file)."""
-    flags = shlex.split(row["extra_args"])
-    if "--policy" in flags[:-1]:
-        return flags[flags.index("--policy") + 1]
+def _setting(row: dict[str, str], field: str) -> str:
+    """A Config field as a row ran it: its flag in the row's extra args (--critic-obs for critic_obs), else its line
+    in the row's preset file, else "" (the field's default)."""
+    flags, flag = shlex.split(row["extra_args"]), "--" + field.replace("_", "-")
+    if flag in flags[:-1]:
+        return flags[flags.index(flag) + 1]
     preset = ROOT / row["config"]
     text = preset.read_text() if preset.exists() else ""
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("policy:")), "mlp")
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(f"{field}:")), "")
+
+
+def _policy(row: dict[str, str]) -> str:
+    return _setting(row, "policy") or "mlp"
+
+
+def _critic(row: dict[str, str]) -> str:
+    """What the row's critic read: the policy's observation, or the env's privileged one (critic_obs)."""
+    key = _setting(row, "critic_obs")
+    return f"`info[{key!r}]`" if key not in ("", "None") else "the policy's"
 
 
 def _cell(rows: list[dict[str, str]], full_steps: int) -> str:
@@ -320,10 +331,12 @@ def _partial_table(rows: list[dict[str, str]]) -> list[str]:
         "Per policy, the preset (or the flags) each row ran; the last column is the full-observation preset's "
         "mean from the first table. The rows of an MLP preset run with `--policy gru` are the first GRU "
         "(a core each for actor and critic, commits 517a7ac-81f9359); the `*_novel_gru.yaml` presets run the "
-        'GRU of today, one core for both (docs/design.md, "Recurrent policies").',
+        'GRU of today, one core for both (docs/design.md, "Recurrent policies"), or for the policy alone where the '
+        "critic reads the env's full observation, an MLP on `info['full_obs']` (`critic_obs`, the column critic "
+        'reads; docs/design.md, "A privileged critic").',
         "",
-        "| env | policy | preset, flags | ppo_ddp (seeds) | full observation, 1 learner |",
-        "|---|---|---|---|---|",
+        "| env | policy | critic reads | preset, flags | ppo_ddp (seeds) | full observation, 1 learner |",
+        "|---|---|---|---|---|---|",
     ]
     for env_id in sorted({r["env"] for r in mine}):
         full_id = env_id.removeprefix(PARTIAL_PREFIX).replace("NoVel", "")
@@ -332,7 +345,8 @@ def _partial_table(rows: list[dict[str, str]]) -> list[str]:
         for config, flags in sorted({(r["config"], r["extra_args"]) for r in mine if r["env"] == env_id}):
             got = [r for r in mine if (r["env"], r["config"], r["extra_args"]) == (env_id, config, flags)]
             where = f"{config} `{flags}`" if flags else config
-            lines.append(f"| {env_id} | {_policy(got[0])} | {where} | {_cell(got, 10**6)} | {mean_std(full)} |")
+            cells = [env_id, _policy(got[0]), _critic(got[0]), where, _cell(got, 10**6), mean_std(full)]
+            lines.append(f"| {' | '.join(cells)} |")
     return lines + ["", "![partly observed envs](returns_partial.png)", ""]
 
 

@@ -239,16 +239,23 @@ def test_the_partly_observed_rows_get_their_own_table(tmp_path, monkeypatch):
     rows = [row("Hopper-v5", s, m, "ppo_ddp/configs/hopper.yaml") for s, m in ((1, 3000), (2, 3200))]
     rows += [row("ppo_ddp/HopperNoVel-v5", s, m, "ppo_ddp/configs/hopper_novel.yaml") for s, m in ((1, 900), (2, 1100))]
     rows += [row("ppo_ddp/HopperNoVel-v5", 1, 2500, "ppo_ddp/configs/hopper_novel.yaml", "--policy gru")]
+    # the GRU preset's critic reads the full observation (its file says critic_obs); a flag can say otherwise
+    rows += [row("ppo_ddp/HopperNoVel-v5", 1, 3200, "ppo_ddp/configs/hopper_novel_gru.yaml")]
+    rows += [row("ppo_ddp/HopperNoVel-v5", 1, 2200, "ppo_ddp/configs/hopper_novel_gru.yaml", "--critic-obs None")]
     write_table(tmp_path / "returns.md", rows)
     text = (tmp_path / "returns.md").read_text()
     partial = text.split("## Partly observed envs")[1]
-    assert (
-        "| ppo_ddp/HopperNoVel-v5 | mlp | ppo_ddp/configs/hopper_novel.yaml | 1000 ± 100 (2) | 3100 ± 100 |" in partial
-    )
-    assert (
-        "| ppo_ddp/HopperNoVel-v5 | gru | ppo_ddp/configs/hopper_novel.yaml `--policy gru` | 2500 (1) | 3100 ± 100 |"
-        in partial
-    )
+    for line in (
+        "| ppo_ddp/HopperNoVel-v5 | mlp | the policy's | ppo_ddp/configs/hopper_novel.yaml | 1000 ± 100 (2) | "
+        "3100 ± 100 |",
+        "| ppo_ddp/HopperNoVel-v5 | gru | the policy's | ppo_ddp/configs/hopper_novel.yaml `--policy gru` | 2500 (1) | "
+        "3100 ± 100 |",
+        "| ppo_ddp/HopperNoVel-v5 | gru | `info['full_obs']` | ppo_ddp/configs/hopper_novel_gru.yaml | 3200 (1) | "
+        "3100 ± 100 |",
+        "| ppo_ddp/HopperNoVel-v5 | gru | the policy's | ppo_ddp/configs/hopper_novel_gru.yaml `--critic-obs None` | "
+        "2200 (1) | 3100 ± 100 |",
+    ):
+        assert line in partial, partial
     main_table = text.split("## Partly observed envs")[0]
     assert "NoVel" not in main_table and "| Hopper-v5 |" in main_table
 
