@@ -340,8 +340,7 @@ def _partial_table(rows: list[dict[str, str]]) -> list[str]:
     ]
     for env_id in sorted({r["env"] for r in mine}):
         full_id = env_id.removeprefix(PARTIAL_PREFIX).replace("NoVel", "")
-        full = [float(r["eval_mean"]) for r in rows
-                if r["env"] == full_id and int(r["world_size"]) == 1 and not is_scale(r) and own_shape(r)]  # fmt: skip
+        full = [float(r["eval_mean"]) for r in one_learner_rows(gym_1m_rows(rows), full_id)[0]]  # the first table's
         for config, flags in sorted({(r["config"], r["extra_args"]) for r in mine if r["env"] == env_id}):
             got = [r for r in mine if (r["env"], r["config"], r["extra_args"]) == (env_id, config, flags)]
             where = f"{config} `{flags}`" if flags else config
