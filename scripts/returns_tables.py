@@ -338,9 +338,10 @@ def _partial_table(rows: list[dict[str, str]]) -> list[str]:
         "| env | policy | critic reads | preset, flags | ppo_ddp (seeds) | full observation, 1 learner |",
         "|---|---|---|---|---|---|",
     ]
+    small = gym_1m_rows(rows)  # the first table's rows, whose cell each robot's full-observation column repeats
     for env_id in sorted({r["env"] for r in mine}):
         full_id = env_id.removeprefix(PARTIAL_PREFIX).replace("NoVel", "")
-        full = [float(r["eval_mean"]) for r in one_learner_rows(gym_1m_rows(rows), full_id)[0]]  # the first table's
+        full = [float(r["eval_mean"]) for r in one_learner_rows(small, full_id)[0]]
         for config, flags in sorted({(r["config"], r["extra_args"]) for r in mine if r["env"] == env_id}):
             got = [r for r in mine if (r["env"], r["config"], r["extra_args"]) == (env_id, config, flags)]
             where = f"{config} `{flags}`" if flags else config
