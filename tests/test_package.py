@@ -1,7 +1,7 @@
 """A newcomer with only the wheel: build it, install it into a fresh venv, and from an empty directory outside the
-checkout train Hopper-v5 on its preset, evaluate and export the checkpoint, run a two-trial search, and train
-through the Python API. Nothing may come from the checkout. And the pins of requirements.txt against pyproject's
-ranges."""
+checkout train Hopper-v5 on its preset, evaluate and export the checkpoint, run a two-trial search, and run the
+README's Python example (`from ppo_ddp import Config, load_config, train`) to a finished run. Nothing may come from
+the checkout. And the pins of requirements.txt against pyproject's ranges."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doc_code import assert_finished_runs, python_blocks, shortened
 from packaging.requirements import Requirement
 
 import ppo_ddp
@@ -28,17 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = "--total-timesteps 1536 --rollout-length 256 --num-minibatches 8 --update-epochs 1 --eval-interval 0".split()
 """Hopper's preset (2 actors x 1 env) with rounds of 512 steps: the seeding round and two trained ones."""
 SCRIPTS = ("ppo-ddp-train", "ppo-ddp-evaluate", "ppo-ddp-export", "ppo-ddp-tune")
-API_SCRIPT = """
-import sys
-import ppo_ddp
-from ppo_ddp import train
-
-if __name__ == "__main__":  # the actors start by forkserver, which imports this script again
-    checkpoint = train(env_id="Hopper-v5", seed=3, total_timesteps=1536, rollout_length=256, num_minibatches=8,
-                       update_epochs=1, eval_interval=0, compile=False, run_name="api")
+WHERE_FROM = """
+if __name__ == "__main__":
+    import sys
     print("checkpoint", checkpoint)
-    print("modules", ppo_ddp.__file__, sys.modules["ppo_ddp.trainer"].__file__)
+    print("modules", *(sys.modules[m].__file__ for m in ("ppo_ddp", "ppo_ddp.configure", "ppo_ddp.launch")))
 """
+"""Appended to the README's Python block: the checkpoint it got, and where the API's modules came from."""
 SPACE = {
     "base": "hopper",  # a preset's name: the wheel's package data
     "envs": {"Hopper-v5": 1000},
@@ -138,12 +135,17 @@ def test_a_newcomer_with_only_the_wheel_trains_evaluates_exports_searches(wheel_
     assert "trial 0 complete" in tuned.stdout and "trial 1 complete" in tuned.stdout, tuned.stdout
     assert (where / "runs" / "tune" / "s" / "best_Hopper-v5.yaml").is_file()
 
-    (where / "api.py").write_text(API_SCRIPT)
-    api = run([bin_dir / "python", "api.py"], where, env)
-    assert f"checkpoint {where / 'runs' / 'api' / 'model_api.pt'}" in api.stdout.splitlines(), api.stdout
+    # The README's Python example as a reader runs it (shortened: tests/doc_code.py), from the wheel alone.
+    (readme,) = [b for b in python_blocks() if b.doc.name == "README.md"]
+    api_dir = where / "api"
+    api_dir.mkdir()
+    (api_dir / "api.py").write_text(shortened(readme.text) + WHERE_FROM)
+    api = run([bin_dir / "python", "api.py"], api_dir, env)
+    assert_finished_runs(api_dir / "runs", 1)
+    checkpoint = next(line for line in api.stdout.splitlines() if line.startswith("checkpoint ")).split()[1]
+    assert Path(checkpoint).is_file() and Path(checkpoint).is_relative_to(api_dir / "runs"), api.stdout
     modules = next(line for line in api.stdout.splitlines() if line.startswith("modules ")).split()[1:]
     assert all(Path(m).is_relative_to(site) for m in modules), modules
-    assert (where / "runs" / "api" / "model_api.pt").is_file()
 
 
 def test_the_pins_are_inside_pyprojects_ranges():
