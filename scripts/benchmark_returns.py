@@ -18,7 +18,8 @@ puts 3.17.0 in place of 4.0.0; empty in rows written before the column); resumed
 (issue 47; a resumed run then equals a fresh one), both empty in rows written before them; first_5000_steps and
 first_5000_seconds are the env steps and the training time (summed as wall_seconds) at which the run's periodic
 deterministic evaluation (eval.csv) first reached a mean of 5000: the time to score of a 10M preset (empty when it
-never did, or in rows written before them). The tables in
+never did, or in rows written before them); cpu is the CPU's model name (a seed repeats bit for bit on one kind of
+CPU, not across makers; empty in rows written before the column). The tables in
 docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the scale presets;
 world_sizes.png: world sizes and sync modes; returns_partial.png: the partly observed envs; returns_dmc.png: the
 DeepMind Control Suite) are rebuilt from all rows, by scripts/returns_tables.py.
@@ -33,6 +34,7 @@ import fcntl
 import hashlib
 import math
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -89,6 +91,7 @@ FIELDS = [
     "resume_exact",
     "first_5000_steps",
     "first_5000_seconds",
+    "cpu",
 ]
 SCORE_TO_REACH = 5000.0
 """The score whose first time a row records (issue 45: Humanoid and Ant at 10M steps; reached by no 1M preset but
@@ -101,6 +104,16 @@ def mujoco_version() -> str:
     except ImportError:
         return ""
     return mujoco.__version__
+
+
+def cpu_model() -> str:
+    """The CPU the run ran on (/proc/cpuinfo's model name): a seed repeats bit for bit on one kind of CPU and gives
+    other numbers on another maker's (tests/rollout_digests.py), so a row says which it ran on."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def preset_path(env_key: str, scale: bool) -> str:
@@ -278,6 +291,7 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
         "resume_exact": exact,
         "first_5000_steps": first_steps,
         "first_5000_seconds": first_seconds,
+        "cpu": cpu_model(),
     }
     print(
         f"  {env_id} seed {seed} world {world} {sync}: eval {row['eval_mean']} ± {row['eval_std']}, "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from plot_runs import plot_curves
+from seed_intervals import COMPARED, ten_seed_table
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTIAL_PREFIX = "ppo_ddp/"  # the partly observed envs' gymnasium namespace
@@ -198,6 +199,7 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         two = _preset_cell([r for r in mine if r["world_size"] == "2"])
         lines.append(f"| {env_id} | {one} | {figure} | {source} | {commits} | {two} |")
     lines += ["", "![learning curves](returns.png)", ""]
+    lines += ten_seed_table(small, {env: float(REFERENCE[env][0].split(" ±")[0]) for env in COMPARED})
     lines += _overlap_table(small)
     lines += _world_size_table([r for r in small if not is_overlap(r)])
     lines += _scale_table([r for r in rows if is_scale(r)])

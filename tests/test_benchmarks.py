@@ -321,3 +321,33 @@ def test_time_to_score_is_the_first_evaluation_at_the_score_with_the_training_ti
         f.write("iteration,global_step,eval/episodic_return\n2,200,4000.0\n4,400,4999.9\n6,600,5000.0\n8,800,6100.0\n")
     assert time_to_score(tmp_path / "eval.csv", tmp_path / "metrics.csv") == ("600", "64.0")  # 40 + 24 s
     assert time_to_score(tmp_path / "eval.csv", tmp_path / "metrics.csv", score=7000.0) == ("", "")
+
+
+def test_ten_seeds_get_bootstrap_intervals_and_a_verdict_against_the_published_mean(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import seed_intervals
+
+    monkeypatch.setattr(seed_intervals, "CACHE", tmp_path / "cache.json")
+    values = [float(v) for v in range(1, 11)]
+    got = seed_intervals.intervals(values, reps=2000)
+    assert got["mean"][0] == pytest.approx(5.5) and got["iqm"][0] == pytest.approx(5.5)  # the middle half: 3..8
+    assert got["mean"][1] < 5.5 < got["mean"][2] and 2 < got["mean"][1] and got["mean"][2] < 9
+    assert seed_intervals.intervals(values, reps=2000) == got  # a fixed random state; the second from the cache
+    assert (seed_intervals.verdict((10, 8, 12), 8), seed_intervals.verdict((10, 8, 12), 12.5)) == ("above", "below")
+    assert seed_intervals.verdict((10, 8, 12), 9) == "level"
+
+    def row(seed, mean, extra=""):
+        return {"env": "Hopper-v5", "seed": str(seed), "world_size": "1", "eval_mean": str(mean), "extra_args": extra,
+                "sync_mode": "params", "config": "ppo_ddp/configs/hopper.yaml", "cpu": "AMD EPYC"}  # fmt: skip
+
+    rows = [row(s, 3000 + 10 * s) for s in range(1, 11)] + [row(s, 2900 + 10 * s, "--overlap") for s in range(1, 11)]
+    rows += [row(11, 0), row(1, 0, "--overlap --actor-timeout 9")]  # not seeds 1-10 of either column
+    # the table's own logic, with an interval that is easy to check: the range of the values
+    monkeypatch.setattr(seed_intervals, "intervals", lambda v: {"mean": (sum(v) / len(v), min(v), max(v)),
+                                                                "iqm": (0.0, 0.0, 0.0)})  # fmt: skip
+    lines = seed_intervals.ten_seed_table(rows, {env: 2609.0 for env in seed_intervals.COMPARED})
+    (line,) = [x for x in lines if x.startswith("| Hopper-v5 |")]
+    assert line == (
+        "| Hopper-v5 | 10 / 10 | 3055 [3010, 3100] | 0 [0, 0] | 2609 | above | 2955 [2910, 3000] | 0 [0, 0] | 0.967 "
+        "| no | AMD EPYC |"
+    )

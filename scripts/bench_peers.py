@@ -1,0 +1,334 @@
+"""Time to score against the peers, on one machine, each trainer alone and on its own stock settings: ppo_ddp's
+preset (`python train.py --env-id ENV`; Humanoid's `scale/humanoid` too), rl_games with EnvPool (its stock
+`<env>_envpool.yaml` on the CPU) and SB3's PPO with the rl-baselines3-zoo's hyperparameters.
+
+    python scripts/bench_peers.py                                    # 5 envs, seeds 1-3 (SB3: seed 1), 20 min cap
+    python scripts/bench_peers.py --envs Hopper-v5 --trainers ppo_ddp rl_games --seeds 1 --cap-minutes 5
+    python scripts/bench_peers.py --table                            # the table of the rows so far, no runs
+
+Each run starts from a new process and is timed from there (imports, env creation and compilation included); it
+ends when its training return, the mean over the last 100 finished episodes (SB3's and rl_games' default window;
+ppo_ddp's `charts/episodic_return_avg100`), first reaches the env's score (SCORES), when the cap passes, or when the
+trainer's own budget ends. Its row (docs/benchmarks/peers.csv, replacing an earlier row of the same env, trainer
+and seed) has the steps and seconds at the score, or none, and the steps, seconds and return at its end, with the
+CPU and the trainer's version. The table: the median over seeds of the time to score ("> cap" where fewer than half
+the seeds reached it), and ppo_ddp's speed-up over each peer.
+
+The peers run where they install, a venv of their own beside the project's (registry packages only; rl-games 1.6.5
+from PyPI runs EnvPool's v5 MuJoCo envs, its packaged configs name v4 and are read with v5, as its repository's main
+has them; CUDA's mixed precision, which Humanoid's config asks for, is off on the CPU):
+
+    python3 -m venv .venv-peers
+    .venv-peers/bin/pip install torch==2.13.0
+    .venv-peers/bin/pip install rl-games==1.6.5 envpool==1.2.5
+
+SB3 runs in the project's venv (`pip install -e ".[bench]"`: stable-baselines3 2.9.2). Nothing else may run on the
+machine meanwhile: every figure here is a wall-clock time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # ppo_ddp and benchmark_returns, for the parent (the workers import neither)
+SCORES = {"HalfCheetah-v5": 5000, "Hopper-v5": 3000, "Walker2d-v5": 3000, "Ant-v5": 3000, "Humanoid-v5": 5000}
+PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+CSV = ROOT / "docs" / "benchmarks" / "peers.csv"
+FIELDS = ["env", "trainer", "seed", "score", "reached_steps", "reached_seconds", "end_steps", "end_seconds",
+          "end_return", "cap_seconds", "cpu", "version", "date"]  # fmt: skip
+
+ZOO = {  # rl-baselines3-zoo's hyperparams/ppo.yml (its v4 entries; Ant-v4: its MuJoCo defaults), normalize: true
+    "HalfCheetah-v5": dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
+                           clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096),
+    "Hopper-v5": dict(n_steps=512, batch_size=32, gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519,
+                      clip_range=0.2, n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671),
+    "Walker2d-v5": dict(n_steps=512, batch_size=32, gamma=0.99, learning_rate=5.05041e-05, ent_coef=0.000585045,
+                        clip_range=0.1, n_epochs=20, gae_lambda=0.95, max_grad_norm=1, vf_coef=0.871923),
+    "Ant-v5": dict(),
+    "Humanoid-v5": dict(n_steps=512, batch_size=256, gamma=0.95, learning_rate=3.56987e-05, ent_coef=0.00238306,
+                        clip_range=0.3, n_epochs=5, gae_lambda=0.9, max_grad_norm=2, vf_coef=0.431892),
+}  # fmt: skip
+ZOO_STEPS = {"Humanoid-v5": 10_000_000}  # n_timesteps; 1e6 for the others
+ZOO_NET = ("Ant-v5",)  # the envs that keep SB3's default policy (64-64 tanh, log_std 0); the rest: the zoo's below
+
+
+def progress(steps: int, ret: float) -> None:
+    """A worker's line for the parent: env steps and the training return so far (stamped when it arrives)."""
+    print(json.dumps({"steps": int(steps), "return": float(ret)}), flush=True)
+
+
+def sb3_worker(env_id: str, seed: int) -> None:
+    """SB3's PPO with the zoo's hyperparameters for env_id, in this process; a progress line per rollout."""
+    import torch.nn as nn
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    hyper = ZOO[env_id]
+    env = VecNormalize(make_vec_env(env_id, n_envs=1, seed=seed), gamma=hyper.get("gamma", 0.99))
+    policy_kwargs = None
+    if env_id not in ZOO_NET:
+        policy_kwargs = dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
+                             net_arch=dict(pi=[256, 256], vf=[256, 256]))  # fmt: skip
+
+    class Progress(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            infos = self.model.ep_info_buffer  # the last 100 episodes (Monitor, raw rewards)
+            if infos:
+                progress(self.num_timesteps, sum(i["r"] for i in infos) / len(infos))
+
+    model = PPO("MlpPolicy", env, seed=seed, policy_kwargs=policy_kwargs, verbose=0, device="cpu", **hyper)
+    model.learn(ZOO_STEPS.get(env_id, 1_000_000), callback=Progress())
+
+
+def rl_games_worker(env_id: str, seed: int) -> None:
+    """rl_games' PPO on its stock <env>_envpool.yaml (v5, on the CPU), in this process; a progress line an epoch."""
+    import rl_games
+    import yaml
+    from rl_games.common.algo_observer import DefaultAlgoObserver
+    from rl_games.torch_runner import Runner
+
+    stock = Path(rl_games.__file__).parent / "configs" / "mujoco" / f"{env_id.split('-')[0].lower()}_envpool.yaml"
+    params = yaml.safe_load(stock.read_text().replace("-v4", "-v5"))["params"]
+    params["seed"] = seed
+    config = params["config"]
+    config["env_config"]["seed"] = seed
+    config.update(device="cpu", device_name="cpu", mixed_precision=False)
+
+    class Progress(DefaultAlgoObserver):
+        def after_print_stats(self, frame: int, epoch_num: int, total_time: float) -> None:
+            super().after_print_stats(frame, epoch_num, total_time)
+            if self.algo.game_rewards.current_size > 0:  # the last 100 episodes (raw rewards, before shaping)
+                progress(frame, float(self.algo.game_rewards.get_mean()[0]))
+
+    runner = Runner(algo_observer=Progress())
+    runner.load({"params": params})
+    runner.run({"train": True, "play": False, "checkpoint": None, "sigma": None})
+
+
+class Run:
+    """One trainer's process and the (seconds, steps, return) points it has reported, each stamped on arrival."""
+
+    def __init__(self, cmd: list[str], cwd: Path, metrics_csv: Path | None) -> None:
+        self.points: list[tuple[float, int, float]] = []
+        self.log = open(cwd / "log.txt", "w")
+        self.start = time.monotonic()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+        out = subprocess.PIPE if metrics_csv is None else self.log
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)  # fmt: skip
+        source = self._read_lines if metrics_csv is None else lambda: self._read_csv(metrics_csv)
+        threading.Thread(target=source, daemon=True).start()
+
+    def _stamp(self, steps: int, ret: float) -> None:
+        self.points.append((time.monotonic() - self.start, steps, ret))
+
+    def _read_lines(self) -> None:
+        for line in self.proc.stdout:
+            self.log.write(line)
+            if line.startswith('{"steps"'):
+                point = json.loads(line)
+                self._stamp(point["steps"], point["return"])
+
+    def _read_csv(self, path: Path) -> None:
+        """ppo_ddp's metrics.csv, a row a round, flushed as written: read as it grows."""
+        while not path.exists():
+            if self.proc.poll() is not None:
+                return
+            time.sleep(0.1)
+        header, pending = None, b""
+        with open(path, "rb") as f:
+            while True:
+                finished = self.proc.poll() is not None
+                chunk = f.read()
+                if not chunk:
+                    if finished:
+                        return
+                    time.sleep(0.1)
+                    continue
+                *lines, pending = (pending + chunk).split(b"\n")
+                for values in csv.reader(line.decode() for line in lines):
+                    if header is None:
+                        header = values
+                        continue
+                    row = dict(zip(header, values))
+                    self._stamp(int(row["global_step"]), float(row["charts/episodic_return_avg100"] or "nan"))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # no checkpoint wanted: the run is done with
+        self.proc.wait()
+        self.log.close()
+
+
+def trainer_command(trainer: str, env_id: str, seed: int, work: Path) -> tuple[list[str], Path | None]:
+    """The command of a run and, for ppo_ddp, the metrics.csv it writes (the peers report on stdout)."""
+    if trainer.startswith("ppo_ddp"):
+        preset = ["--config", trainer.split()[1]] if " " in trainer else ["--env-id", env_id]
+        cmd = [sys.executable, str(ROOT / "train.py"), *preset, "--seed", str(seed), "--runs-dir", str(work),
+               "--run-name", "run"]  # fmt: skip
+        return cmd, work / "run" / "metrics.csv"
+    if trainer == "rl_games":
+        return [str(PEERS_PYTHON), str(Path(__file__).resolve()), "--rl-games-worker", env_id, str(seed)], None
+    return [sys.executable, str(Path(__file__).resolve()), "--sb3-worker", env_id, str(seed)], None
+
+
+def measure(trainer: str, env_id: str, seed: int, cap: float) -> dict:
+    """One run, to the score, the cap or the end of its own budget, whichever comes first."""
+    score = SCORES[env_id]
+    with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
+        work = Path(tmp)
+        cmd, metrics_csv = trainer_command(trainer, env_id, seed, work)
+        run = Run(cmd, work, metrics_csv)
+        reached = None
+        try:
+            while run.proc.poll() is None and time.monotonic() - run.start < cap:
+                reached = next((p for p in run.points if p[2] >= score), None)
+                if reached:
+                    break
+                time.sleep(0.2)
+            end_seconds = time.monotonic() - run.start
+        finally:
+            run.stop()
+        time.sleep(0.3)  # the reader's last points
+        reached = reached or next((p for p in run.points if p[2] >= score and p[0] <= cap), None)
+        if run.proc.returncode not in (0, -signal.SIGKILL) and not reached:
+            tail = (work / "log.txt").read_text()[-3000:]
+            raise SystemExit(f"{trainer} on {env_id} seed {seed} failed (exit {run.proc.returncode}):\n{tail}")
+    last = run.points[-1] if run.points else (end_seconds, 0, float("nan"))
+    return {
+        "env": env_id,
+        "trainer": trainer,
+        "seed": seed,
+        "score": score,
+        "reached_steps": reached[1] if reached else "",
+        "reached_seconds": round(reached[0], 1) if reached else "",
+        "end_steps": last[1],
+        "end_seconds": round(end_seconds, 1),
+        "end_return": round(last[2], 1),
+        "cap_seconds": round(cap),
+    }
+
+
+def versions() -> dict[str, str]:
+    """Each trainer's version as it ran: ppo_ddp's commit, the peers' packages."""
+    from ppo_ddp.run_log import code_version
+
+    def packages(python: Path | str, names: str) -> str:
+        code = f"from importlib.metadata import version; print(', '.join(n + ' ' + version(n) for n in {names!r}))"
+        proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+        return proc.stdout.strip() or f"not installed ({proc.stderr.strip().splitlines()[-1:]})"
+
+    return {
+        "ppo_ddp": f"ppo_ddp {code_version(('ppo_ddp', 'train.py'), short=True)}",
+        "rl_games": packages(PEERS_PYTHON, ("rl-games", "envpool", "torch")) if PEERS_PYTHON.exists() else "",
+        "sb3": packages(sys.executable, ("stable-baselines3", "torch")),
+    }
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def put_row(path: Path, row: dict) -> None:
+    key = (row["env"], row["trainer"], str(row["seed"]))
+    rows = [r for r in read_rows(path) if (r["env"], r["trainer"], r["seed"]) != key] + [row]
+    rows.sort(key=lambda r: (list(SCORES).index(r["env"]), r["trainer"], int(r["seed"])))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def median_time(rows: list[dict[str, str]]) -> float:
+    """The median time to score over seeds; inf where fewer than half the seeds reached it."""
+    return statistics.median(float(r["reached_seconds"]) if r["reached_seconds"] else float("inf") for r in rows)
+
+
+def table(rows: list[dict[str, str]]) -> str:
+    """Markdown: per env, each trainer's median time to score (steps at it), its return at the end, ppo_ddp's
+    speed-up over rl_games and SB3."""
+
+    def cell(t: float, group: list[dict[str, str]]) -> str:
+        if t == float("inf"):
+            return f"not reached, > {float(group[0]['cap_seconds']) / 60:.0f} min"
+        steps = statistics.median(int(r["reached_steps"]) for r in group if r["reached_seconds"])
+        return f"{t / 60:.1f} min ({steps / 1e6:.2f}M steps)"
+
+    lines = ["| env (score) | trainer | seeds | time to score, median | return at the end | ppo_ddp faster |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for env_id, score in SCORES.items():
+        mine = {r["trainer"] for r in rows if r["env"] == env_id}
+        times = {t: median_time([r for r in rows if r["env"] == env_id and r["trainer"] == t]) for t in mine}
+        ours = min((times[t] for t in mine if t.startswith("ppo_ddp")), default=float("inf"))
+        for trainer in sorted(mine):
+            group = [r for r in rows if r["env"] == env_id and r["trainer"] == trainer]
+            ends = ", ".join(f"{float(r['end_return']):.0f}" for r in group)
+            faster = "" if trainer.startswith("ppo_ddp") else speedup(times[trainer], ours)
+            seeds = " ".join(r["seed"] for r in group)
+            lines.append(f"| {env_id} ({score}) | {trainer} | {seeds} | {cell(times[trainer], group)} | {ends} "
+                         f"| {faster} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def speedup(theirs: float, ours: float) -> str:
+    if ours == float("inf"):
+        return "—"
+    return f"> {theirs / ours:.1f}x (theirs capped)" if theirs == float("inf") else f"{theirs / ours:.1f}x"
+
+
+def main() -> None:
+    if sys.argv[1:2] in (["--sb3-worker"], ["--rl-games-worker"]):
+        worker = sb3_worker if sys.argv[1] == "--sb3-worker" else rl_games_worker
+        worker(sys.argv[2], int(sys.argv[3]))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", nargs="+", default=list(SCORES), choices=list(SCORES))
+    p.add_argument("--trainers", nargs="+", default=["ppo_ddp", "rl_games", "sb3"],
+                   choices=["ppo_ddp", "rl_games", "sb3"])  # fmt: skip
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="SB3 runs the first only")
+    p.add_argument("--cap-minutes", type=float, default=20.0)
+    p.add_argument("--csv", type=Path, default=CSV, help="the rows' file (default: docs/benchmarks/peers.csv)")
+    p.add_argument("--table", action="store_true", help="print the table of the rows; no runs")
+    args = p.parse_args()
+    if not args.table:
+        from benchmark_returns import cpu_model
+
+        if "rl_games" in args.trainers and not PEERS_PYTHON.exists():
+            p.error(f"rl_games needs its venv at {PEERS_PYTHON}: see this script's docstring")
+        known, cpu = versions(), cpu_model()
+        for env_id in args.envs:
+            runs = [(t, s) for t in args.trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
+            if env_id == "Humanoid-v5" and "ppo_ddp" in args.trainers:  # its 10M preset as well
+                runs += [("ppo_ddp scale/humanoid", s) for s in args.seeds]
+            for trainer, seed in runs:
+                row = measure(trainer, env_id, seed, args.cap_minutes * 60)
+                row.update(cpu=cpu, version=known[trainer.split()[0]], date=time.strftime("%Y-%m-%d"))
+                put_row(args.csv, row)
+                print(f"[{time.strftime('%H:%M:%S')}] {trainer} {env_id} seed {seed}: reached at "
+                      f"{row['reached_seconds'] or '-'} s / {row['reached_steps'] or '-'} steps; end "
+                      f"{row['end_return']} at {row['end_seconds']} s", flush=True)  # fmt: skip
+    print(table(read_rows(args.csv)))
+
+
+if __name__ == "__main__":
+    main()
