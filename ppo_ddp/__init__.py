@@ -14,12 +14,16 @@ The command line is `python -m ppo_ddp.train` (ppo-ddp-train), `ppo_ddp.evaluate
 import importlib
 from typing import Any
 
-from ppo_ddp import partial_envs
+from ppo_ddp.envs import partial as partial_envs
 
 __version__ = "0.1.0"
 __all__ = ["Config", "load_config", "train"]
 
-_API = {"Config": "ppo_ddp.config", "load_config": "ppo_ddp.configure", "train": "ppo_ddp.launch"}
+_API = {
+    "Config": "ppo_ddp.configuration.config",
+    "load_config": "ppo_ddp.configuration.loading",
+    "train": "ppo_ddp.runner.launch",
+}
 """Each name of the API and the module that defines it: the one table `__getattr__` reads, which
 tests/test_docs_code.py holds to `__all__`, so a function that moves breaks a test rather than a user's import."""
 

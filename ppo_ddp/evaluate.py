@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import tyro
 
-from ppo_ddp.checkpoint import CheckpointError, load_checkpoint
-from ppo_ddp.config import Config, config_from_dict, missing_extra
-from ppo_ddp.envs import env_problem, make_env, make_video_env
-from ppo_ddp.evaluator import play_episodes
-from ppo_ddp.flags import use_docstrings_as_help
-from ppo_ddp.model import ActorCritic
-from ppo_ddp.normalization import Moments
-from ppo_ddp.recurrent import make_model
-from ppo_ddp.video import EpisodeVideo, render_problem
+from ppo_ddp.configuration.config import missing_extra
+from ppo_ddp.configuration.flags import use_docstrings_as_help
+from ppo_ddp.envs.make import env_problem, make_video_env
+from ppo_ddp.envs.video import render_problem
+from ppo_ddp.errors import CheckpointError
+from ppo_ddp.evaluation.playback import evaluate_policy, load_policy
 
 
 @dataclass(frozen=True)
@@ -42,42 +38,6 @@ class EvalArgs:
     MuJoCo renderer: without a display MUJOCO_GL=egl is tried, or set MUJOCO_GL=osmesa)."""
     env_id: Optional[str] = None
     """Override the env of the checkpoint (same observation and action shapes)."""
-
-
-def load_policy(path: str | Path) -> tuple[ActorCritic, Optional[Moments], Config]:
-    """Rebuild the actor-critic and its frozen observation statistics from a checkpoint file."""
-    state = load_checkpoint(path)
-    if "config" not in state:
-        raise CheckpointError(f"checkpoint {path}: has no 'config', cannot rebuild the network")
-    cfg = config_from_dict(state["config"])
-    obs_dim, act_dim = int(state["obs_dim"]), int(state["act_dim"])
-    model = make_model(cfg, obs_dim, act_dim, int(state.get("critic_dim", 0)))  # the critic is loaded, not used
-    model.load_state_dict(state["actor"])
-    model.eval()
-    obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] is not None else None
-    return model, obs_rms, cfg
-
-
-def evaluate_policy(
-    model: ActorCritic,
-    obs_rms: Optional[Moments],
-    cfg: Config,
-    episodes: int,
-    deterministic: bool = True,
-    seed: int = 12345,
-    env_id: Optional[str] = None,
-    video_dir: Optional[str] = None,
-) -> list[float]:
-    """Undiscounted returns of `episodes` episodes, statistics frozen throughout."""
-    if video_dir:
-        env = EpisodeVideo(make_video_env(env_id or cfg.env_id))
-        env.record_all(Path(video_dir))
-    else:
-        env = make_env(env_id or cfg.env_id)
-    try:
-        return [ret for ret, _ in play_episodes(env, model, obs_rms, cfg.obs_clip, episodes, seed, deterministic)]
-    finally:
-        env.close()
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -1,13 +1,13 @@
 """Export a checkpoint's policy for deployment:
 `python -m ppo_ddp.export runs/<run>/model_<run>.pt --format onnx --output policy.onnx` (or --format torchscript).
 
-The file computes what `python -m ppo_ddp.evaluate` acts with (ppo_ddp/policy.py's EnvPolicy, deterministic):
+The file computes what `python -m ppo_ddp.evaluate` acts with (ppo_ddp/evaluation/policy.py's EnvPolicy, deterministic):
 raw observations float32 [N, obs_dim] -> normalised with the checkpoint's frozen statistics and clipped to
 ±obs_clip -> the policy mean -> clipped to the env's action bounds -> actions float32 [N, act_dim]. A GRU policy's
 state is an input and an output: (obs [N, D], h [N, H]) -> (action [N, A], h_next [N, H]), h zeros at an
 episode's start. What it is for (env id, sizes, bounds, policy kind, code version) travels inside the file: ONNX
 metadata_props (strings; lists as JSON), TorchScript's extra file metadata.json. docs/usage.md, "Exporting a
-policy"; scripts/play_exported.py runs an ONNX file with onnxruntime alone.
+policy"; examples/play_exported.py runs an ONNX file with onnxruntime alone.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import torch
 import tyro
 
 import ppo_ddp
-from ppo_ddp.checkpoint import CheckpointError
-from ppo_ddp.config import Config, missing_extra
-from ppo_ddp.envs import make_env
-from ppo_ddp.evaluate import load_policy
-from ppo_ddp.flags import use_docstrings_as_help
-from ppo_ddp.policy import EnvPolicy
-from ppo_ddp.run_log import code_version
+from ppo_ddp.configuration.config import Config, missing_extra
+from ppo_ddp.configuration.flags import use_docstrings_as_help
+from ppo_ddp.envs.make import make_env
+from ppo_ddp.errors import CheckpointError
+from ppo_ddp.evaluation.playback import load_policy
+from ppo_ddp.evaluation.policy import EnvPolicy
+from ppo_ddp.records.run_log import code_version
 
 ONNX_MODULES = ("onnx", "onnxscript")
 """What torch.onnx.export's exporter (torch.export-based, torch's default) imports; onnxruntime runs the file."""
@@ -46,7 +46,7 @@ class ExportArgs:
     checkpoint: tyro.conf.Positional[str]
     """Path of a model_<run>.pt or model_<run>_best.pt file."""
     format: str
-    """onnx (run it with onnxruntime: scripts/play_exported.py) or torchscript (torch.jit.load)."""
+    """onnx (run it with onnxruntime: examples/play_exported.py) or torchscript (torch.jit.load)."""
     output: str
     """The file to write (its folder is created)."""
 

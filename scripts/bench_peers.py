@@ -228,7 +228,7 @@ def measure(trainer: str, env_id: str, seed: int, cap: float) -> dict:
 
 def versions() -> dict[str, str]:
     """Each trainer's version as it ran: ppo_ddp's commit, the peers' packages."""
-    from ppo_ddp.run_log import code_version
+    from ppo_ddp.records.run_log import code_version
 
     def packages(python: Path | str, names: str) -> str:
         code = f"from importlib.metadata import version; print(', '.join(n + ' ' + version(n) for n in {names!r}))"

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ppo_ddp.actor_pool import ActorPool  # noqa: E402
-from ppo_ddp.checkpoint import load_checkpoint  # noqa: E402
-from ppo_ddp.config import Config  # noqa: E402
-from ppo_ddp.envs import make_env  # noqa: E402
-from ppo_ddp.normalization import Moments, merge_rms_states  # noqa: E402
-from ppo_ddp.recurrent import make_model  # noqa: E402
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.envs.make import make_env
+from ppo_ddp.models.factory import make_model
+from ppo_ddp.models.normalization import Moments, merge_rms_states
+from ppo_ddp.sampling.pool import ActorPool
+from ppo_ddp.storage.checkpoint import load_checkpoint
 
 
 def raw_env_rate(env_id: str, seconds: float, seed: int = 0) -> float:

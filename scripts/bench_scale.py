@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_rollout import raw_env_rate  # noqa: E402
 
-from ppo_ddp.configure import parse_config  # noqa: E402
-from ppo_ddp.topology import resolve_actors_per_learner  # noqa: E402
+from ppo_ddp.configuration.loading import parse_config  # noqa: E402
+from ppo_ddp.configuration.topology import resolve_actors_per_learner  # noqa: E402
 
 
 def side_by_side_limit(env_id: str, processes: int, seconds: float) -> float:

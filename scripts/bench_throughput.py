@@ -47,36 +47,6 @@ MINIBATCH = 64
 EPOCHS = 10
 
 
-# ---------------------------------------------------------------------------------------------- process trees
-
-
-def _role(pid: int) -> str:
-    cmd = proc_tree.cmdline(pid)
-    if not cmd:
-        return "?"
-    if "resource_tracker" in cmd:
-        return "resource tracker"
-    if "forkserver" in cmd or "spawn_main" in cmd or "multiprocessing" in cmd:
-        return "worker"  # ppo_ddp actors, SB3 SubprocVecEnv workers (and the forkserver itself)
-    if "torchrun" in cmd or "torch.distributed.run" in cmd:
-        return "torchrun agent"
-    return "main"  # a learner, or SB3's trainer
-
-
-def run_tree(cmd: list[str], log: Path, cwd: Path = ROOT) -> tuple[dict[str, float], float]:
-    """Run cmd to completion, sampling peak RSS of its process tree; (peaks by role, wall seconds)."""
-    out = open(log, "w")
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    monitor = proc_tree.PeakMonitor(proc.pid, _role)
-    rc = proc.wait()
-    peaks = monitor.stop()
-    out.close()
-    if rc != 0:
-        raise SystemExit(f"bench_throughput.py: {' '.join(cmd[:4])} ... exited {rc}\n{log.read_text()[-2000:]}")
-    return peaks, time.perf_counter() - start
-
-
 # ---------------------------------------------------------------------------------------------- the trainers
 
 
@@ -91,7 +61,7 @@ class Result:
 
 def sb3_worker(vec: str, threads: int, total: int, warmup_rounds: int, seed: int) -> None:
     """Runs inside its own process: train SB3 PPO and print {"steps", "seconds"} of the timed window as JSON."""
-    import torch
+    import torch  # noqa: F401  (the version for the header; the trainers run in their own processes)
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -145,19 +115,8 @@ def sb3_worker(vec: str, threads: int, total: int, warmup_rounds: int, seed: int
 def run_sb3(vec: str, threads: int, args: argparse.Namespace, work: Path) -> Result:
     total = (args.warmup_rounds + args.steps // SAMPLES_PER_UPDATE) * SAMPLES_PER_UPDATE
     log = work / f"sb3_{vec}_{threads}.log"
-    peaks, wall = run_tree(
-        [
-            sys.executable,
-            __file__,
-            "--sb3-worker",
-            vec,
-            str(threads),
-            str(total),
-            str(args.warmup_rounds),
-            str(args.seed),
-        ],
-        log=log,
-    )
+    worker = ["--sb3-worker", vec, str(threads), str(total), str(args.warmup_rounds), str(args.seed)]
+    peaks, wall = proc_tree.run_tree([sys.executable, __file__, *worker], log=log, cwd=ROOT)
     out = json.loads(log.read_text().strip().splitlines()[-1])
     name = f"SB3 PPO, {'DummyVecEnv' if vec == 'dummy' else 'SubprocVecEnv'} x 8, torch threads {out['threads']}"
     return Result(name, out["steps"] / out["seconds"], out["seconds"], wall, peaks)
@@ -210,7 +169,7 @@ def run_ppo_ddp(
         if world == 1
         else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
     )
-    peaks, wall = run_tree([*launcher, "train.py", *flags], log=work / f"{name}.log", cwd=args.trainer_root)
+    peaks, wall = proc_tree.run_tree([*launcher, "train.py", *flags], log=work / f"{name}.log", cwd=args.trainer_root)
     with open(work / name / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     first, last = rows[args.warmup_rounds - 1], rows[-1]
@@ -344,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
-    import torch  # noqa: F401  (the version for the header; the trainers run in their own processes)
+    import torch
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_throughput_"))
     work.mkdir(parents=True, exist_ok=True)

@@ -49,14 +49,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from plot_runs import load_curve  # noqa: E402
 from returns_tables import plot_all, row_key, shape_flags, write_table  # noqa: E402
 
-from ppo_ddp.evaluate import evaluate_policy, load_policy  # noqa: E402
-from ppo_ddp.presets import find_preset, presets  # noqa: E402
-from ppo_ddp.run_log import code_version  # noqa: E402
+from ppo_ddp.configuration.presets import find_preset, presets  # noqa: E402
+from ppo_ddp.evaluation.playback import evaluate_policy, load_policy  # noqa: E402
+from ppo_ddp.plot import load_curve  # noqa: E402
+from ppo_ddp.records.run_log import code_version  # noqa: E402
 
-# Every preset by its name (hopper: ppo_ddp/configs/hopper.yaml), with its env (ppo_ddp/presets.py)
+# Every preset by its name (hopper: ppo_ddp/configs/hopper.yaml), with its env (ppo_ddp/configuration/presets.py)
 PRESETS = {path.stem: (env_id, f"ppo_ddp/configs/{path.name}") for (env_id, _), path in presets().items()}
 
 

@@ -38,9 +38,10 @@ MUJOCO_GL=egl python3 -m ppo_ddp.evaluate "$OUT/runs/py1/model_py1.pt" --episode
 step "PPO update of one default round, cpu vs cuda, eager vs compiled (the compile's seconds included once)"
 python3 - <<'PY'
 import time, torch
-from ppo_ddp.config import Config
-from ppo_ddp.learner import Learner, RolloutBatch
-from ppo_ddp.model import ActorCritic
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.algorithm.learner import Learner
+from ppo_ddp.storage.batch import RolloutBatch
+from ppo_ddp.models.mlp import ActorCritic
 for dev in ("cpu", "cuda"):
     for compiled in (False, True):
         torch.set_num_threads(1)

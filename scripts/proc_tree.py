@@ -1,6 +1,5 @@
 """A running process tree read from /proc (Linux), for the scripts that watch a training run's processes:
-bench_throughput's peak RSS per role, soak's RSS, open fds and threads over time, the tests' threads of a
-process.
+bench_throughput's peak RSS per role (`run_tree`), soak's RSS, open fds and threads over time.
 
 Every reader returns nothing (None, [] or {}) for a process that is gone: a tree changes while it is read.
 """
@@ -8,8 +7,11 @@ Every reader returns nothing (None, [] or {}) for a process that is gone: a tree
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Optional
 
 
@@ -58,16 +60,6 @@ def status_mb(pid: int, key: str = "VmHWM") -> Optional[float]:
     return mb(status(pid).get(key))
 
 
-def thread_names(pid: int) -> list[str]:
-    """The names of the pid's threads (sorted); [] once the process is gone. A thread that ends while they are read
-    is left out."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    return sorted(name.strip() for name in (read(f"/proc/{pid}/task/{t}/comm") for t in tasks) if name is not None)
-
-
 def cmdline(pid: int) -> str:
     """The command line, arguments separated by spaces; "" once the process is gone."""
     return (read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
@@ -103,3 +95,31 @@ class PeakMonitor:
         for role, rss in self.peaks.values():
             by_role[role] = max(rss, by_role.get(role, 0.0))
         return by_role
+
+
+def role(pid: int) -> str:
+    """What a process of a training run is, by its command line: the peak RSS is reported per role."""
+    cmd = cmdline(pid)
+    if not cmd:
+        return "?"
+    if "resource_tracker" in cmd:
+        return "resource tracker"
+    if "forkserver" in cmd or "spawn_main" in cmd or "multiprocessing" in cmd:
+        return "worker"  # ppo_ddp actors, SB3 SubprocVecEnv workers (and the forkserver itself)
+    if "torchrun" in cmd or "torch.distributed.run" in cmd:
+        return "torchrun agent"
+    return "main"  # a learner, or SB3's trainer
+
+
+def run_tree(cmd: list[str], log: Path, cwd: Path) -> tuple[dict[str, float], float]:
+    """Run cmd to completion, sampling peak RSS of its process tree; (peaks by role, wall seconds)."""
+    out = open(log, "w")
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    monitor = PeakMonitor(proc.pid, role)
+    rc = proc.wait()
+    peaks = monitor.stop()
+    out.close()
+    if rc != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... exited {rc}\n{log.read_text()[-2000:]}")
+    return peaks, time.perf_counter() - start

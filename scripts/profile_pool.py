@@ -47,10 +47,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np  # noqa: E402
 from bench_rollout import pool_rate  # noqa: E402
 
-from ppo_ddp.children import SINGLE_THREAD_ENV  # noqa: E402
-from ppo_ddp.config import Config  # noqa: E402
-from ppo_ddp.configure import parse_config  # noqa: E402
-from ppo_ddp.envs import make_env  # noqa: E402
+from ppo_ddp.configuration.config import Config  # noqa: E402
+from ppo_ddp.configuration.loading import parse_config  # noqa: E402
+from ppo_ddp.envs.make import make_env  # noqa: E402
+from ppo_ddp.sampling.children import SINGLE_THREAD_ENV  # noqa: E402
 
 
 def raw_rate(env_id: str, envs: int, actions: str, seconds: float, seed: int) -> tuple[float, dict[str, float]]:
@@ -113,11 +113,11 @@ def actor_rate(cfg: Config, seconds: float, seed: int, top: int = 0) -> tuple[fl
     then as many rounds again under cProfile, whose `top` functions of most own time are printed."""
     import torch
 
-    from ppo_ddp.actor import Actor
-    from ppo_ddp.buffers import BufferSpec, SharedBuffers
-    from ppo_ddp.model import num_parameters, write_flat_parameters
-    from ppo_ddp.normalization import value_scale  # noqa: F401  (the actor's import, loaded before timing)
-    from ppo_ddp.recurrent import make_model
+    from ppo_ddp.models.factory import make_model
+    from ppo_ddp.models.flat import num_parameters, write_flat_parameters
+    from ppo_ddp.models.normalization import value_scale  # noqa: F401  (the actor's import, loaded before timing)
+    from ppo_ddp.sampling.actor import Actor
+    from ppo_ddp.storage.shared import BufferSpec, SharedBuffers
 
     torch.set_num_threads(1)  # as actor_main
     probe = make_env(cfg.env_id)
@@ -170,7 +170,7 @@ def env_actions(actor) -> np.ndarray:
 def replay_rate(cfg: Config, rank: int, acted: list[np.ndarray]) -> float:
     """Env steps per second of plain envs seeded as the actor's, stepped with the actions it took: the same states,
     so the same MuJoCo work, without the actor (its first round replayed untimed, as the actor's was)."""
-    from ppo_ddp.envs import env_seed
+    from ppo_ddp.envs.make import env_seed
 
     envs = [make_env(cfg.env_id) for _ in range(cfg.envs_per_actor)]
     try:

@@ -76,7 +76,7 @@ def commands(text: str) -> list[list[str]]:
 def program(command: list[str]) -> tuple[str | None, list[str]]:
     """(the ppo_ddp program or maintainer's script a command runs, its arguments), or (None, []) for another tool's:
     `python train.py`, `python -m ppo_ddp.evaluate`, `ppo-ddp-tune`, `torchrun ... train.py` and the Slurm template
-    are `train` ... with ppo_ddp's flags after them; `python scripts/x.py` is `scripts/x.py`."""
+    are `train` ... with ppo_ddp's flags after them; `python scripts/x.py` is `scripts/x.py` (examples/ likewise)."""
     while command and re.fullmatch(r"[A-Z_]+=\S*", command[0]):  # VAR=value before the program
         command = command[1:]
     head, rest = (command[0], command[1:]) if command else ("", [])
@@ -85,13 +85,13 @@ def program(command: list[str]) -> tuple[str | None, list[str]]:
             return rest[1].removeprefix("ppo_ddp."), rest[2:]
         if rest[:1] == ["train.py"]:
             return "train", rest[1:]
-        if rest and rest[0].startswith("scripts/") and rest[0].endswith(".py"):
+        if rest and rest[0].startswith(("scripts/", "examples/")) and rest[0].endswith(".py"):
             return rest[0], rest[1:]
     if head.startswith("ppo-ddp-"):
         return head.removeprefix("ppo-ddp-"), rest
     if head in ("torchrun", "sbatch"):  # the launcher's own flags come first
         for i, word in enumerate(rest):
-            if word in ("train.py", "scripts/slurm/train.sbatch"):
+            if word in ("train.py", "examples/slurm/train.sbatch"):
                 return "train", rest[i + 1 :]
             if word == "-m" and rest[i + 1 : i + 2] == ["ppo_ddp.train"]:
                 return "train", rest[i + 2 :]

@@ -33,13 +33,13 @@ if str(TESTS_DIR) not in sys.path:
 
 import scripted_env  # noqa: E402,F401  (registers the scripted ids)
 
-from ppo_ddp.actor import Actor  # noqa: E402
-from ppo_ddp.buffers import BufferSpec, SharedBuffers  # noqa: E402
-from ppo_ddp.config import Config  # noqa: E402
-from ppo_ddp.envs import make_env  # noqa: E402
-from ppo_ddp.model import num_parameters, write_flat_parameters  # noqa: E402
-from ppo_ddp.normalization import Moments, merge_rms_states  # noqa: E402
-from ppo_ddp.recurrent import make_model  # noqa: E402
+from ppo_ddp.configuration.config import Config  # noqa: E402
+from ppo_ddp.envs.make import make_env  # noqa: E402
+from ppo_ddp.models.factory import make_model  # noqa: E402
+from ppo_ddp.models.flat import num_parameters, write_flat_parameters  # noqa: E402
+from ppo_ddp.models.normalization import Moments, merge_rms_states  # noqa: E402
+from ppo_ddp.sampling.actor import Actor  # noqa: E402
+from ppo_ddp.storage.shared import BufferSpec, SharedBuffers  # noqa: E402
 
 DIGEST_FILE = TESTS_DIR / "data" / "rollout_digests.json"
 SCRIPTED = "scripted_env:Scripted-v0"

@@ -31,7 +31,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from ppo_ddp.envs import env_seed
+from ppo_ddp.envs.make import env_seed
 
 EPISODES = [(3, True, False), (4, False, True), (2, True, True)]
 FINAL_MARKER = 1000.0

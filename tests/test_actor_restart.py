@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import rollout_digests
 
-from ppo_ddp.actor import Actor
-from ppo_ddp.buffers import BufferSpec, SharedBuffers
-from ppo_ddp.config import Config
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.sampling.actor import Actor
+from ppo_ddp.storage.shared import BufferSpec, SharedBuffers
 
 RESTARTS = {  # scenario: the round before which the actor is replaced
     "halfcheetah": 9,  # batch-stepped; its episodes truncate in round 15, after the restart

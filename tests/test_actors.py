@@ -29,13 +29,13 @@ if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can impor
 import scripted_env  # noqa: E402
 from helpers import process_alive  # noqa: E402
 
-from ppo_ddp.actor_pool import ActorError, ActorPool  # noqa: E402
-from ppo_ddp.buffers import FLAG_SENTINEL, ROLLOUT_FIELDS, BufferSpec, SharedBuffers  # noqa: E402
-from ppo_ddp.config import Config  # noqa: E402
-from ppo_ddp.envs import env_seed, make_env  # noqa: E402
-from ppo_ddp.learner import RolloutBatch, recompute_advantages  # noqa: E402
-from ppo_ddp.model import ActorCritic, PolicyKernel  # noqa: E402
-from ppo_ddp.normalization import (  # noqa: E402
+from ppo_ddp.algorithm.gae import compute_gae  # noqa: E402
+from ppo_ddp.algorithm.learner import recompute_advantages  # noqa: E402
+from ppo_ddp.configuration.config import Config  # noqa: E402
+from ppo_ddp.envs.make import env_seed, make_env  # noqa: E402
+from ppo_ddp.models.kernels import PolicyKernel  # noqa: E402
+from ppo_ddp.models.mlp import ActorCritic  # noqa: E402
+from ppo_ddp.models.normalization import (  # noqa: E402
     DiscountedReturn,
     Moments,
     compute_batch_moments,
@@ -43,7 +43,9 @@ from ppo_ddp.normalization import (  # noqa: E402
     normalize_obs,
     scale_reward,
 )
-from ppo_ddp.rollout import compute_gae  # noqa: E402
+from ppo_ddp.sampling.pool import ActorError, ActorPool  # noqa: E402
+from ppo_ddp.storage.batch import RolloutBatch  # noqa: E402
+from ppo_ddp.storage.shared import FLAG_SENTINEL, ROLLOUT_FIELDS, BufferSpec, SharedBuffers  # noqa: E402
 
 SCRIPTED = "scripted_env:Scripted-v0"
 
@@ -510,9 +512,9 @@ def test_actors_exit_when_learner_dies(tmp_path):
     script = textwrap.dedent(f"""
         import os, sys
         sys.path[:0] = [{str(TESTS_DIR.parent)!r}, {str(TESTS_DIR)!r}]
-        from ppo_ddp.actor_pool import ActorPool
-        from ppo_ddp.config import Config
-        from ppo_ddp.model import ActorCritic
+        from ppo_ddp.sampling.pool import ActorPool
+        from ppo_ddp.configuration.config import Config
+        from ppo_ddp.models.mlp import ActorCritic
         if __name__ == "__main__":
             cfg = Config(env_id={SCRIPTED!r}, actors_per_gpu=2, envs_per_actor=1, rollout_length=4, num_minibatches=1)
             pool = ActorPool(cfg, 0, 2, 3, 2, False)
@@ -545,9 +547,9 @@ def test_ctrl_c_gives_one_traceback_and_no_orphans(tmp_path):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow exit hangs
         sys.path[:0] = [{str(TESTS_DIR.parent)!r}, {str(TESTS_DIR)!r}]
-        from ppo_ddp.actor_pool import ActorPool
-        from ppo_ddp.config import Config
-        from ppo_ddp.model import ActorCritic
+        from ppo_ddp.sampling.pool import ActorPool
+        from ppo_ddp.configuration.config import Config
+        from ppo_ddp.models.mlp import ActorCritic
         if __name__ == "__main__":
             cfg = Config(env_id="scripted_env:ScriptedSlow-v0", actors_per_gpu=2, envs_per_actor=1, rollout_length=10,
                          num_minibatches=1)

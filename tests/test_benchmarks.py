@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ppo_ddp.config import Config, validate
-from ppo_ddp.configure import load_yaml_defaults
-from ppo_ddp.envs import is_dm_control, missing_dm_control
+from ppo_ddp.configuration.config import Config, validate
+from ppo_ddp.configuration.loading import load_yaml_defaults
+from ppo_ddp.envs.make import is_dm_control, missing_dm_control
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted((ROOT / "ppo_ddp" / "configs").glob("*.yaml"))
@@ -208,7 +208,7 @@ def test_profile_pool_end_to_end_on_a_tiny_budget():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # the actor's own profile: Hopper's envs are batch-stepped (ppo_ddp/env_group.py), in MuJoCo's batch call
+    # the actor's own profile: Hopper's envs are batch-stepped (ppo_ddp/envs/group.py), in MuJoCo's batch call
     assert "Ordered by: internal time" in proc.stdout and "mujoco._batch.step" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if "steps/s" in line and not line.startswith("the limit")]
     names = [row.split("  ")[0] for row in rows]
@@ -262,7 +262,8 @@ def test_the_partly_observed_rows_get_their_own_table(tmp_path, monkeypatch):
 
 def test_the_1m_table_has_every_mujoco_env_on_its_preset_seeds_1_to_3(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from returns_tables import REFERENCE, write_table
+    from published import REFERENCE
+    from returns_tables import write_table
 
     def row(seed, mean, extra="", commit="abc1234"):
         return {"env": "Swimmer-v5", "seed": str(seed), "world_size": "1", "total_steps": "1001472",

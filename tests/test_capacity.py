@@ -1,4 +1,4 @@
-"""Work that cannot fit on the node is refused before any actor starts (ppo_ddp.capacity)."""
+"""Work that cannot fit on the node is refused before any actor starts (ppo_ddp.sampling.capacity)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from ppo_ddp.buffers import BufferSpec
-from ppo_ddp.capacity import ENV_RESIDENT_BYTES, GIB, check_round_fits, round_memory
-from ppo_ddp.config import ConfigError
+from ppo_ddp.errors import ConfigError
+from ppo_ddp.sampling.capacity import ENV_RESIDENT_BYTES, GIB, check_round_fits, round_memory
+from ppo_ddp.storage.shared import BufferSpec
 
 DEFAULT = BufferSpec(num_actors=2, rollout_length=128, envs_per_actor=8, obs_dim=17, act_dim=6, num_params=10_000)
 

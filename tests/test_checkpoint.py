@@ -1,17 +1,24 @@
-"""Checkpoint files: weights_only round trip, atomic writes, clear errors (ppo_ddp.checkpoint)."""
+"""Checkpoint files: weights_only round trip, atomic writes, clear errors (ppo_ddp.storage.checkpoint)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from ppo_ddp.checkpoint import CheckpointError, load_checkpoint, mean_policy, save_checkpoint
-from ppo_ddp.config import Config, config_from_dict, config_to_dict
-from ppo_ddp.model import ActorCritic
-from ppo_ddp.normalization import Moments, compute_batch_moments
+from ppo_ddp.configuration.config import Config, config_from_dict, config_to_dict
+from ppo_ddp.errors import CheckpointError
+from ppo_ddp.evaluation.playback import load_policy
+from ppo_ddp.models.mlp import ActorCritic
+from ppo_ddp.models.normalization import Moments, compute_batch_moments
+from ppo_ddp.storage.checkpoint import load_checkpoint, mean_policy, save_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def trained_model_and_optimizer(seed: int = 0) -> tuple[ActorCritic, torch.optim.Adam]:
@@ -195,3 +202,22 @@ def test_top_level_policy_is_the_mean_over_ranks():
     third = torch.tensor([0.1, 0.7, 1.3])  # ranks that agree: their own tensors, bit for bit (no 3 * x / 3)
     same = mean_policy([{"w": third.clone()} for _ in range(3)])
     assert torch.equal(same["w"], third)
+
+
+BEFORE_THE_FOLDERS = Path(__file__).resolve().parent / "data" / "checkpoint_fcb6401.pt"
+"""A checkpoint written by commit fcb6401, the last before the package's modules moved into folders: Hopper-v5,
+1 actor x 1 env, rounds of 256 steps, 768 steps (`python train.py --env-id Hopper-v5 --actors-per-gpu 1
+--envs-per-actor 1 --rollout-length 256 --num-minibatches 4 --update-epochs 1 --total-timesteps 768 --no-compile
+--eval-interval 0`)."""
+
+
+def test_a_checkpoint_from_before_the_folders_loads_and_resumes(tmp_path):
+    model, obs_rms, cfg = load_policy(BEFORE_THE_FOLDERS)
+    assert cfg.env_id == "Hopper-v5" and obs_rms is not None and sum(p.numel() for p in model.parameters()) > 0
+    flags = "--env-id Hopper-v5 --actors-per-gpu 1 --envs-per-actor 1 --rollout-length 256 --num-minibatches 4"
+    flags += " --update-epochs 1 --total-timesteps 1280 --no-compile --eval-interval 0"
+    cmd = [sys.executable, "train.py", *flags.split(), "--runs-dir", str(tmp_path), "--run-name", "after"]
+    proc = subprocess.run([*cmd, "--resume", str(BEFORE_THE_FOLDERS)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "resumed from" in proc.stdout and "done: 1,280 steps" in proc.stdout, proc.stdout

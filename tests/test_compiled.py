@@ -1,4 +1,4 @@
-"""The compiled PPO step (ppo_ddp/compiled.py) against the eager one: the same function, the same numbers.
+"""The compiled PPO step (ppo_ddp/algorithm/compiled.py) against the eager one: the same function, the same numbers.
 
 A new shape's compile costs ~20 s on the 2-core machine, so the options are grouped: every option the update has
 is in one of the configs below, each compiles once, and the shapes are those of the suite's train.py runs, so
@@ -17,11 +17,13 @@ import torch
 import torch._dynamo
 from test_train import SMALL, read_csv, run
 
-from ppo_ddp.config import Config
-from ppo_ddp.learner import Learner, RolloutBatch
-from ppo_ddp.model import ActorCritic, gaussian_log_prob
-from ppo_ddp.ppo_step import FlatAdam
-from ppo_ddp.recurrent import RecurrentActorCritic, make_model
+from ppo_ddp.algorithm.learner import Learner
+from ppo_ddp.algorithm.ppo_step import FlatAdam
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.models.factory import make_model
+from ppo_ddp.models.gru import RecurrentActorCritic
+from ppo_ddp.models.mlp import ActorCritic, gaussian_log_prob
+from ppo_ddp.storage.batch import RolloutBatch
 
 # Hopper's sizes and the mini-batch of 16 that tests/test_train.py's SMALL runs train on: the default config's
 # step compiled here is the one those runs load from inductor's cache, and the reverse (one build per shape).
@@ -151,7 +153,7 @@ def test_a_compiler_that_fails_leaves_the_step_eager(monkeypatch):
 
 def test_flat_adam_is_torch_adam():
     """The step's Adam against torch.optim.Adam on the same gradients, and checkpoints of either load in the other."""
-    from ppo_ddp.ppo_step import ADAM_EPS, PPOStep
+    from ppo_ddp.algorithm.ppo_step import ADAM_EPS, PPOStep
 
     torch.manual_seed(0)
     model = ActorCritic(OBS, ACT)
@@ -178,7 +180,7 @@ def test_flat_adam_is_torch_adam():
 
 
 def test_the_background_compile_runs_with_the_main_thread_s_torch_threads_and_reports_once():
-    from ppo_ddp.compiled import Background
+    from ppo_ddp.algorithm.compiled import Background
 
     seen, said, gathered = [], [], []
     release = threading.Event()

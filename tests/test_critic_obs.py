@@ -25,14 +25,15 @@ import scripted_env  # noqa: E402
 from test_exact_resume import assert_a_stopped_learner_resumes_exactly  # noqa: E402
 from test_train import ROOT, dump, torchrun  # noqa: E402
 
-from ppo_ddp.actor import Actor  # noqa: E402
-from ppo_ddp.buffers import BufferSpec, SharedBuffers  # noqa: E402
-from ppo_ddp.config import Config, ConfigError, validate  # noqa: E402
-from ppo_ddp.envs import env_seed  # noqa: E402
-from ppo_ddp.learner import RolloutBatch  # noqa: E402
-from ppo_ddp.model import num_parameters, write_flat_parameters  # noqa: E402
-from ppo_ddp.normalization import Moments, compute_batch_moments, normalize_obs, value_scale  # noqa: E402
-from ppo_ddp.recurrent import make_model  # noqa: E402
+from ppo_ddp.configuration.config import Config, validate  # noqa: E402
+from ppo_ddp.envs.make import env_seed  # noqa: E402
+from ppo_ddp.errors import ConfigError  # noqa: E402
+from ppo_ddp.models.factory import make_model  # noqa: E402
+from ppo_ddp.models.flat import num_parameters, write_flat_parameters  # noqa: E402
+from ppo_ddp.models.normalization import Moments, compute_batch_moments, normalize_obs, value_scale  # noqa: E402
+from ppo_ddp.sampling.actor import Actor  # noqa: E402
+from ppo_ddp.storage.batch import RolloutBatch  # noqa: E402
+from ppo_ddp.storage.shared import BufferSpec, SharedBuffers  # noqa: E402
 
 T, L, E, ROUNDS, DC = 12, 4, 2, 3, 4
 OBS_RMS = Moments(np.array([100.0, 2.0, 3.0]), np.array([9.0, 4.0, 300.0]), 50.0)

@@ -8,20 +8,18 @@ import socket
 import subprocess
 import sys
 import traceback
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import thread_names
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-import proc_tree  # noqa: E402
-
-from ppo_ddp import distributed as D  # noqa: E402
-from ppo_ddp.model import ActorCritic, flatten_parameters_
-from ppo_ddp.normalization import compute_batch_moments
+from ppo_ddp.distributed import collectives as C
+from ppo_ddp.distributed import process_group as D
+from ppo_ddp.models.flat import flatten_parameters_
+from ppo_ddp.models.mlp import ActorCritic
+from ppo_ddp.models.normalization import compute_batch_moments
 
 WORLD = 2
 
@@ -50,14 +48,14 @@ def _worker(rank: int, port: int, results) -> None:
             model = ActorCritic(5, 2)
             flat = flatten_parameters_(model)  # as the learner holds them
             out["before"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
-            D.average_(ctx, flat)
+            C.average_(ctx, flat)
             out["after"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
             # Each rank holds a disjoint chunk of data of a different size.
             rng = np.random.default_rng(rank)
             data = rng.normal(rank, 1 + rank, size=(7 + 13 * rank, 3))
             out["data"] = data
             # three sets in one collective: [N, 3] rows, a scalar column, and a set rank 0 does not have
-            merged, column, partial = D.merge_moments_across_ranks(
+            merged, column, partial = C.merge_moments_across_ranks(
                 ctx,
                 [
                     compute_batch_moments(data),
@@ -69,14 +67,14 @@ def _worker(rank: int, port: int, results) -> None:
             out["merged"] = (merged.mean, merged.var, merged.count)
             out["column"] = (column.mean, column.var, column.count)
             out["none_merge"] = partial.count
-            out["metrics"] = D.average_metrics(ctx, {"a": float(rank), "b": 10.0 * rank + 1}, [(rank, 7)] * (rank + 1))
-            out["gathered"] = D.gather_objects(ctx, [rank] * (rank + 1))
-            out["broadcast"] = D.broadcast_object(ctx, f"name-from-{rank}")
-            out["agree_quiet"] = D.agree(ctx, 0, False)
-            out["agree"] = D.agree(ctx, 15 if rank == 1 else 0, rank == 0)  # rank 1 got SIGTERM, rank 0 failed
-            out["gather_to_main"] = D.gather_to_main(ctx, {"rank": rank})
+            out["metrics"] = C.average_metrics(ctx, {"a": float(rank), "b": 10.0 * rank + 1}, [(rank, 7)] * (rank + 1))
+            out["gathered"] = C.gather_objects(ctx, [rank] * (rank + 1))
+            out["broadcast"] = C.broadcast_object(ctx, f"name-from-{rank}")
+            out["agree_quiet"] = C.agree(ctx, 0, False)
+            out["agree"] = C.agree(ctx, 15 if rank == 1 else 0, rank == 0)  # rank 1 got SIGTERM, rank 0 failed
+            out["gather_to_main"] = C.gather_to_main(ctx, {"rank": rank})
             torch.optim.Adam(model.parameters())  # the learner's first optimizer (torch imports much on the first)
-        out["threads_after_teardown"] = proc_tree.thread_names(os.getpid())
+        out["threads_after_teardown"] = thread_names(os.getpid())
         results[rank] = out
     except BaseException:
         results[rank] = traceback.format_exc()
@@ -160,7 +158,10 @@ def test_teardown_releases_the_group(results):
         assert not [name for name in results[rank]["threads_after_teardown"] if "gloo" in name], results[rank]
 
 
-_SAY = "from ppo_ddp import distributed as D; print('ready', flush=True); D.say_once_per_node('the line', {})"
+_SAY = (
+    "from ppo_ddp.distributed import process_group as D; print('ready', flush=True); "
+    "D.say_once_per_node('the line', {})"
+)
 
 
 def _say(local_rank: int, patience_s: float) -> subprocess.Popen[str]:

@@ -21,13 +21,13 @@ import pytest
 
 pytest.importorskip("dm_control", reason="needs the dmc extra of pyproject.toml")
 # Not importorskip("shimmy"): importing shimmy imports dm_control's renderer, which picks its OpenGL backend then,
-# once; the factory chooses it first (ppo_ddp/envs.py), as it does in every training process.
+# once; the factory chooses it first (ppo_ddp/envs/make.py), as it does in every training process.
 if importlib.util.find_spec("shimmy") is None:
     pytest.skip("needs shimmy: the dmc extra of pyproject.toml", allow_module_level=True)
 
-from ppo_ddp.config import Config, validate  # noqa: E402
-from ppo_ddp.configure import load_yaml_defaults  # noqa: E402
-from ppo_ddp.envs import make_env, make_video_env  # noqa: E402
+from ppo_ddp.configuration.config import Config, validate
+from ppo_ddp.configuration.loading import load_yaml_defaults
+from ppo_ddp.envs.make import make_env, make_video_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +81,7 @@ IN_VIEW = textwrap.dedent(
     """
     import json
     import numpy as np
-    from ppo_ddp.envs import make_video_env
+    from ppo_ddp.envs.make import make_video_env
     try:
         env = make_video_env("dm_control/cheetah-run-v0")
         env.reset(seed=0)
@@ -134,7 +134,7 @@ def test_a_short_run_trains_saves_and_evaluates(run_train, tmp_path):
     value = float(out.stdout.split("mean return")[1].split()[0])
     assert math.isfinite(value) and 0 <= value <= 1000  # 1000 steps of a reward in [0, 1]
 
-    # ... and exports: the ONNX file, run by scripts/play_exported.py (onnxruntime on the dict observations it
+    # ... and exports: the ONNX file, run by examples/play_exported.py (onnxruntime on the dict observations it
     # flattens itself, in the factory's order), scores what evaluate scored on the same episode
     pytest.importorskip("onnxruntime", reason="the export extra")
     onnx_file = tmp_path / "dmc.onnx"
@@ -144,7 +144,7 @@ def test_a_short_run_trains_saves_and_evaluates(run_train, tmp_path):
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-3000:]
     played = subprocess.run(
-        [sys.executable, "scripts/play_exported.py", str(onnx_file), "--episodes", "1", "--json"],
+        [sys.executable, "examples/play_exported.py", str(onnx_file), "--episodes", "1", "--json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert played.returncode == 0, played.stderr[-3000:]
@@ -155,13 +155,13 @@ def test_a_short_run_trains_saves_and_evaluates(run_train, tmp_path):
     "env_id", ["dm_control/cartpole-swingup-v0", "dm_control/cheetah-run-v0", "dm_control/walker-walk-v0"]
 )
 def test_a_restored_env_steps_on_as_the_captured_one(env_id, tmp_path):
-    """Exact resume (ppo_ddp/env_state.py): captured mid-episode, saved and loaded as a checkpoint does, restored
+    """Exact resume (ppo_ddp/envs/state.py): captured mid-episode, saved and loaded as a checkpoint does, restored
     into another env; both step on through dm_control's own 1000-step limit and the reset after it with the same
     results, bit for bit."""
     import torch
 
-    from ppo_ddp.checkpoint import as_tensors
-    from ppo_ddp.env_group import make_env_group
+    from ppo_ddp.envs.group import make_env_group
+    from ppo_ddp.storage.checkpoint import as_tensors
 
     def run(group, actions):
         obs, rewards, record = np.zeros((1, group.envs[0].observation_space.shape[0])), np.zeros(1), []

@@ -28,28 +28,28 @@ from doc_code import (
     python_blocks,
     shortened,
     train_calls,
-)
+)  # noqa: E501
 
 import ppo_ddp
-from ppo_ddp.config import field_names
-from ppo_ddp.presets import find_preset, preset_names
+from ppo_ddp.configuration.config import field_names
+from ppo_ddp.configuration.presets import find_preset, preset_names
 
-PROGRAMS = ("train", "evaluate", "export", "tune")
+PROGRAMS = ("train", "evaluate", "export", "tune", "plot")
 ELSEWHERE = {
-    "--signal": "Slurm's sbatch option, which scripts/slurm/train.sbatch sets",
+    "--signal": "Slurm's sbatch option, which examples/slurm/train.sbatch sets",
     "--no-such-flag": "reliability.md's example of a flag that does not exist",
     "--lag-objective": "removed; design.md and returns.md tell what commit 9c57d84 measured with it",
 }
 """Flags a doc names that no program of ours has, and why it may."""
 REPO_PATH = re.compile(
     r"(?<![\w./<-])((?:ppo_ddp|scripts|tests|docs|examples)/[\w./-]*\.(?:py|ya?ml|md|csv|png|sh|sbatch|txt))"
-)  # noqa: E501
+)
 
 
 def help_command(name: str) -> list[str]:
     if name == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--help"]
-    if name.startswith("scripts/"):
+    if name.startswith(("scripts/", "examples/")):
         return [sys.executable, name, "--help"]
     return [sys.executable, "-m", f"ppo_ddp.{name}", "--help"]
 
@@ -179,7 +179,7 @@ def test_a_doc_that_names_a_renamed_flag_or_a_missing_preset_fails(flags):
         ("--config scale/humanoid", "--config scale/humanoid_xl", "no preset 'scale/humanoid_xl'"),
         ("--space halfcheetah", "--space cheetah", "no search space 'cheetah'"),
         ("--env-id Ant-v5", "--env-id Ant-v9", "no env 'Ant-v9'"),
-        ("scripts/play_exported.py", "scripts/play_onnx.py", "no program scripts/play_onnx.py"),
+        ("examples/play_exported.py", "examples/play_onnx.py", "no program examples/play_onnx.py"),
         ("--episodes 10", "--num-episodes 10", "evaluate has no flag --num-episodes"),
     ]:
         assert old in usage, old

@@ -1,4 +1,4 @@
-"""MuJoCo's batch stepping (ppo_ddp/env_group.py) against gymnasium's env.step: the same observations, rewards,
+"""MuJoCo's batch stepping (ppo_ddp/envs/group.py) against gymnasium's env.step: the same observations, rewards,
 terminations, truncations and resets, bit for bit, over thousands of steps and several seeds."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from gymnasium.envs.mujoco.hopper_v5 import HopperEnv
 
-from ppo_ddp.config import Config
-from ppo_ddp.env_group import BatchedEnvs, EnvFailure, GymEnvs, make_env_group
-from ppo_ddp.envs import make_env
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.envs.group import BatchedEnvs, EnvFailure, GymEnvs, make_env_group
+from ppo_ddp.envs.make import make_env
 
 BATCHED_IDS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Swimmer-v5")
 

@@ -1,6 +1,6 @@
-"""An env group's captured state (ppo_ddp/env_state.py): restored into fresh envs, they step on exactly as the
+"""An env group's captured state (ppo_ddp/envs/state.py): restored into fresh envs, they step on exactly as the
 captured envs do, bit for bit, across resets and truncations, for every gymnasium MuJoCo v5 env and both ways of
-stepping (ppo_ddp/env_group.py); through a weights_only checkpoint too."""
+stepping (ppo_ddp/envs/group.py); through a weights_only checkpoint too."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_ddp.checkpoint import as_tensors
-from ppo_ddp.env_group import BatchedEnvs, GymEnvs, make_env_group
-from ppo_ddp.envs import make_env
+from ppo_ddp.envs.group import BatchedEnvs, GymEnvs, make_env_group
+from ppo_ddp.envs.make import make_env
+from ppo_ddp.storage.checkpoint import as_tensors
 
 MUJOCO_V5 = (
     "Ant-v5 HalfCheetah-v5 Hopper-v5 Humanoid-v5 HumanoidStandup-v5 InvertedDoublePendulum-v5 InvertedPendulum-v5 "

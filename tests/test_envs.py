@@ -1,4 +1,4 @@
-"""The env factory (ppo_ddp/envs.py) without dm_control: a Dict observation of Boxes reaches the policy as one
+"""The env factory (ppo_ddp/envs/make.py) without dm_control: a Dict observation of Boxes reaches the policy as one
 float32 vector in sorted key order (tests/test_dmc.py checks it on dm_control's own tasks)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ppo_ddp.envs import FlatDictObservation, is_dm_control
+from ppo_ddp.envs.make import FlatDictObservation, is_dm_control
 
 
 class DictEnv(gym.Env):

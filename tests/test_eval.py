@@ -8,12 +8,13 @@ import pytest
 import torch
 from test_train import dump, read_csv, torchrun
 
-from ppo_ddp.config import Config
-from ppo_ddp.envs import make_env
-from ppo_ddp.evaluator import eval_seed, play_episodes
-from ppo_ddp.model import ActorCritic, read_flat_parameters
-from ppo_ddp.normalization import Moments
-from ppo_ddp.recurrent import make_model
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.envs.make import make_env
+from ppo_ddp.evaluation.evaluator import eval_seed, play_episodes
+from ppo_ddp.models.factory import make_model
+from ppo_ddp.models.flat import read_flat_parameters
+from ppo_ddp.models.mlp import ActorCritic
+from ppo_ddp.models.normalization import Moments
 
 EVAL = ["--eval-interval", "2", "--eval-episodes", "2", "--param-sync-interval", "3"]  # round 2: ranks differ
 

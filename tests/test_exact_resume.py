@@ -1,5 +1,5 @@
 """Exact resume (issue 47): a stopped and resumed run is the uninterrupted one, bit for bit, because each actor's
-envs and carried state travel in the checkpoint (ppo_ddp/env_state.py, Actor.carried). The 2-rank MLP SIGTERM case
+envs and carried state travel in the checkpoint (ppo_ddp/envs/state.py, Actor.carried). The 2-rank MLP SIGTERM case
 is tests/test_reliability.py's, the overlapped one tests/test_overlap.py's; here a GRU stopped by SIGTERM on one
 learner and on two ranks, a learner killed by SIGKILL that resumes from its periodic checkpoint and redoes the
 rounds since, a checkpoint written before exact resume, and an env whose state cannot be captured."""

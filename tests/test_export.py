@@ -1,5 +1,5 @@
 """python -m ppo_ddp.export: an exported file acts as `python -m ppo_ddp.evaluate` does (normalisation, policy mean,
-action clip; a GRU's state over steps and resets), carries its metadata, and scripts/play_exported.py scores the
+action clip; a GRU's state over steps and resets), carries its metadata, and examples/play_exported.py scores the
 returns evaluate scores without torch or ppo_ddp."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import torch
 
 import ppo_ddp
 from ppo_ddp import export
-from ppo_ddp.checkpoint import save_checkpoint
-from ppo_ddp.config import Config, config_to_dict
-from ppo_ddp.envs import make_env
-from ppo_ddp.evaluate import evaluate_policy, load_policy
-from ppo_ddp.normalization import Moments, normalize_obs
-from ppo_ddp.recurrent import make_model
+from ppo_ddp.configuration.config import Config, config_to_dict
+from ppo_ddp.envs.make import make_env
+from ppo_ddp.evaluation.playback import evaluate_policy, load_policy
+from ppo_ddp.models.factory import make_model
+from ppo_ddp.models.normalization import Moments, normalize_obs
+from ppo_ddp.storage.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_ID = "Hopper-v5"  # MuJoCo's float64 observations, bounds [-1, 1], episodes short under a random policy
@@ -183,7 +183,7 @@ def test_the_metadata_travels_with_both_formats(onnx_files, torchscript_files):
 def test_play_exported_scores_what_evaluate_scores_without_torch(kind, checkpoints, onnx_files):
     model, obs_rms, cfg = load_policy(checkpoints[kind])
     want = evaluate_policy(model, obs_rms, cfg, episodes=2, seed=77)
-    script = [str(ROOT / "scripts" / "play_exported.py"), str(onnx_files[kind]), "--episodes", "2", "--seed", "77"]
+    script = [str(ROOT / "examples" / "play_exported.py"), str(onnx_files[kind]), "--episodes", "2", "--seed", "77"]
     out = subprocess.run(
         [sys.executable, "-X", "importtime", *script, "--json"], capture_output=True, text=True, timeout=120
     )

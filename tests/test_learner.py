@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from ppo_ddp.config import Config
-from ppo_ddp.learner import Learner, RolloutBatch, RoundSteps
-from ppo_ddp.model import ActorCritic
-from ppo_ddp.normalization import tensor_moments
-from ppo_ddp.rollout import compute_gae
+from ppo_ddp.algorithm.gae import compute_gae
+from ppo_ddp.algorithm.learner import Learner
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.models.mlp import ActorCritic
+from ppo_ddp.models.normalization import tensor_moments
+from ppo_ddp.storage.batch import RolloutBatch, RoundSteps
 
 OBS, ACT, B = 6, 3, 256
 
@@ -110,8 +111,8 @@ def test_value_clipping_bounds_how_far_values_move():
 
 @pytest.mark.parametrize("policy", ["mlp", "gru"])
 def test_the_bounds_loss_is_the_weighted_squared_norm_of_the_action_mean(policy):
-    from ppo_ddp.ppo_step import Minibatch, PPOStep
-    from ppo_ddp.recurrent import make_model
+    from ppo_ddp.algorithm.ppo_step import Minibatch, PPOStep
+    from ppo_ddp.models.factory import make_model
 
     cfg = Config(policy=policy, seq_length=4, hidden_sizes=(16,), rnn_hidden_size=8)
     torch.manual_seed(0)

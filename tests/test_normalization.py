@@ -1,4 +1,4 @@
-"""Running moments, their exact merge, and the normalisers built on them (ppo_ddp.normalization).
+"""Running moments, their exact merge, and the normalisers built on them (ppo_ddp.models.normalization).
 
 The data flow these tests protect: actors report the moments of what they saw this round only; the
 learner merges its actors', the ranks merge theirs, and the round's increment goes into the history once.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_ddp.normalization import (
+from ppo_ddp.models.normalization import (
     EPSILON,
     DiscountedReturn,
     Moments,

@@ -1,5 +1,5 @@
-"""Overlapped rounds (--overlap, ppo_ddp/rounds.py): the actors collect round k+1 while the learner updates on round
-k, with the weights of round k-1, into the other rollout slot.
+"""Overlapped rounds (--overlap, ppo_ddp/runner/rounds.py): the actors collect round k+1 while the learner updates on
+round k, with the weights of round k-1, into the other rollout slot.
 
 End to end on CPU like tests/test_train.py: real torchrun (gloo), real actors, tiny rounds; every rank dumps its view
 of each round (PPO_DDP_DEBUG_DIR), with the weights its actors acted with (`behaviour_params`).
@@ -18,9 +18,9 @@ import torch
 from test_reliability import DETERMINISTIC, Launch, assert_same_state, torchrun
 from test_train import SMALL, read_csv
 
-from ppo_ddp.buffers import BufferSpec, SharedBuffers
-from ppo_ddp.config import Config
-from ppo_ddp.model import ActorCritic
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.models.mlp import ActorCritic
+from ppo_ddp.storage.shared import BufferSpec, SharedBuffers
 
 ROUNDS = 5
 ONE_LEARNER_ROUND = 64  # 1 actor x 2 envs x 32 steps

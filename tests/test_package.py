@@ -22,18 +22,19 @@ from doc_code import assert_finished_runs, python_blocks, shortened
 from packaging.requirements import Requirement
 
 import ppo_ddp
-from ppo_ddp.envs import DM_CONTROL_INSTALL
-from ppo_ddp.presets import preset_names
+from ppo_ddp.configuration.presets import preset_names
+from ppo_ddp.envs.make import DM_CONTROL_INSTALL
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = "--total-timesteps 1536 --rollout-length 256 --num-minibatches 8 --update-epochs 1 --eval-interval 0".split()
 """Hopper's preset (2 actors x 1 env) with rounds of 512 steps: the seeding round and two trained ones."""
-SCRIPTS = ("ppo-ddp-train", "ppo-ddp-evaluate", "ppo-ddp-export", "ppo-ddp-tune")
+SCRIPTS = ("ppo-ddp-train", "ppo-ddp-evaluate", "ppo-ddp-export", "ppo-ddp-tune", "ppo-ddp-plot")
 WHERE_FROM = """
 if __name__ == "__main__":
     import sys
     print("checkpoint", checkpoint)
-    print("modules", *(sys.modules[m].__file__ for m in ("ppo_ddp", "ppo_ddp.configure", "ppo_ddp.launch")))
+    api = ("ppo_ddp", "ppo_ddp.configuration.loading", "ppo_ddp.runner.launch")
+    print("modules", *(sys.modules[m].__file__ for m in api))
 """
 """Appended to the README's Python block: the checkpoint it got, and where the API's modules came from."""
 SPACE = {
@@ -103,7 +104,8 @@ def test_the_wheel_carries_the_presets_and_the_programs(wheel_env):
     names = zipfile.ZipFile(wheel).namelist()
     packaged = {n[len("ppo_ddp/configs/") : -len(".yaml")] for n in names if n.startswith("ppo_ddp/configs/")}
     assert set(preset_names()) | {"tune/halfcheetah", "tune/locomotion"} == packaged
-    assert {"ppo_ddp/tune.py", "ppo_ddp/train.py"} <= set(names) and not any(n.startswith("scripts/") for n in names)
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "ppo_ddp").rglob("*.py")}  # every folder's, __init__ too
+    assert modules <= set(names) and not any(n.startswith(("scripts/", "examples/")) for n in names)
     assert all((bin_dir / script).is_file() for script in SCRIPTS)
 
 

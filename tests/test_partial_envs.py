@@ -1,4 +1,4 @@
-"""The partly observed envs (ppo_ddp/partial_envs.py): the full env's observation minus its velocities, and nothing
+"""The partly observed envs (ppo_ddp/envs/partial.py): the full env's observation minus its velocities, and nothing
 else changed, for the same seed and actions."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import ppo_ddp  # noqa: F401  (registers the ids)
-from ppo_ddp.configure import parse_config
-from ppo_ddp.partial_envs import FULL_OBS_KEY, PARTLY_OBSERVED
-from ppo_ddp.run_log import default_run_name
+from ppo_ddp.configuration.loading import parse_config
+from ppo_ddp.envs.partial import FULL_OBS_KEY, PARTLY_OBSERVED
+from ppo_ddp.records.run_log import default_run_name
 
 # What each keeps of its full env's observation: the positions (MuJoCo v5 puts them before the velocities).
 KEPT = {"HalfCheetah-v5": 8, "Hopper-v5": 5, "Walker2d-v5": 8, "Pendulum-v1": 2}

@@ -1,5 +1,5 @@
-"""The preset of an env, chosen by `--env-id` without `--config` (ppo_ddp/presets.py), presets by name, and every
-preset in ppo_ddp/configs/ training two rounds of its own shape."""
+"""The preset of an env, chosen by `--env-id` without `--config` (ppo_ddp/configuration/presets.py), presets by name,
+and every preset in ppo_ddp/configs/ training two rounds of its own shape."""
 
 from __future__ import annotations
 
@@ -11,10 +11,19 @@ from pathlib import Path
 import pytest
 import torch._dynamo
 
-from ppo_ddp.config import Config, ConfigError
-from ppo_ddp.configure import load_config, load_yaml_defaults, parse_config
-from ppo_ddp.envs import is_dm_control, missing_dm_control
-from ppo_ddp.presets import PRESET_DIR, config_file, describe, find_preset, flag_value, preset_names, presets
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.configuration.loading import load_config, load_yaml_defaults, parse_config
+from ppo_ddp.configuration.presets import (
+    PRESET_DIR,
+    config_file,
+    describe,
+    find_preset,
+    flag_value,
+    preset_names,
+    presets,
+)
+from ppo_ddp.envs.make import is_dm_control, missing_dm_control
+from ppo_ddp.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted((ROOT / "ppo_ddp" / "configs").glob("*.yaml"))
@@ -164,7 +173,7 @@ def in_process():
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process, capsys):
-    from ppo_ddp.launch import main
+    from ppo_ddp.runner.launch import main
 
     env_id = load_yaml_defaults(preset)["env_id"]
     if is_dm_control(env_id) and missing_dm_control() is not None:
@@ -184,7 +193,7 @@ def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process, ca
 
 
 def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, in_process, capsys):
-    from ppo_ddp.launch import main
+    from ppo_ddp.runner.launch import main
 
     tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 1".split()
     main(parse_config(["--env-id", "Pendulum-v1", *tiny, "--total-timesteps", "192", "--eval-interval", "0",
@@ -197,7 +206,7 @@ def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, in_process, 
 def test_a_run_that_recomputes_advantages_trains_its_rounds(tmp_path, in_process):
     # The trainer's side of recompute_advantages: the next observations in the layout, the rewards scaled as the
     # actors did, no advantage statistics merged across ranks; with a critic of normalised returns.
-    from ppo_ddp.launch import main
+    from ppo_ddp.runner.launch import main
 
     tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 2".split()
     main(parse_config(["--env-id", "Hopper-v5", *tiny, "--recompute-advantages", "--normalize-value",

@@ -1,4 +1,4 @@
-"""The GRU core (ppo_ddp/recurrent.py) against torch.nn.GRU, and its resets."""
+"""The GRU core (ppo_ddp/models/gru.py) against torch.nn.GRU, and its resets."""
 
 from __future__ import annotations
 
@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_ddp.recurrent import (
-    NumpyGRU,
-    RecurrentActorCritic,
-    RecurrentKernel,
-    gru_cell,
-    input_projection,
-    plain_unroll,
-    unroll,
-)
+from ppo_ddp.models.gru import RecurrentActorCritic, gru_cell, input_projection, plain_unroll, unroll
+from ppo_ddp.models.kernels import NumpyGRU, RecurrentKernel
 
 IN, H, T, N = 5, 8, 12, 4
 

@@ -25,7 +25,7 @@ import yaml
 from helpers import process_alive
 from test_train import SMALL, read_csv
 
-from ppo_ddp.config import Config
+from ppo_ddp.configuration.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -244,7 +244,7 @@ def test_resumed_run_continues_the_uninterrupted_one(runs):
     assert [int(r["iteration"]) for r in r_rows] == list(range(1, ROUNDS + 1))
     assert [int(r["global_step"]) for r in r_rows] == [steps_after(i) for i in range(1, ROUNDS + 1)]
     # the resumed run is the uninterrupted one, before the stop and after it: the actors continue their episodes
-    # from the envs' state in the checkpoint (ppo_ddp/env_state.py), so every logged number is the same
+    # from the envs' state in the checkpoint (ppo_ddp/envs/state.py), so every logged number is the same
     for u, r in zip(u_rows, r_rows):
         assert [u[c] for c in DETERMINISTIC] == [r[c] for c in DETERMINISTIC], (u["iteration"], u, r)
     assert_same_state(
@@ -492,9 +492,10 @@ def fake_checkpoint(
 ) -> Path:
     """A checkpoint as the trainer writes one, without training (cheap); per_tensor_adam: as before the
     learner's flat parameters (one Adam state per tensor)."""
-    from ppo_ddp.checkpoint import save_checkpoint
-    from ppo_ddp.config import Config, config_to_dict
-    from ppo_ddp.model import ActorCritic, flatten_parameters_
+    from ppo_ddp.configuration.config import Config, config_to_dict
+    from ppo_ddp.models.flat import flatten_parameters_
+    from ppo_ddp.models.mlp import ActorCritic
+    from ppo_ddp.storage.checkpoint import save_checkpoint
 
     model = ActorCritic(obs_dim, act_dim, hidden)
     optimizer = torch.optim.Adam(model.parameters() if per_tensor_adam else [flatten_parameters_(model)])
@@ -603,8 +604,8 @@ def restore_signal_handlers():
 
 @pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
 def test_bad_checkpoint_is_one_line_and_exit_2(case, tmp_path, capsys, restore_signal_handlers):
-    from ppo_ddp.configure import parse_config
-    from ppo_ddp.launch import main
+    from ppo_ddp.configuration.loading import parse_config
+    from ppo_ddp.runner.launch import main
 
     make, flags, message = CHECKPOINT_CASES[case]
     path = make(tmp_path)
@@ -632,7 +633,7 @@ def test_bad_checkpoint_is_one_line_and_exit_2(case, tmp_path, capsys, restore_s
     ],
 )
 def test_bad_resume_and_run_flags(argv, message, capsys):
-    from ppo_ddp.configure import parse_config
+    from ppo_ddp.configuration.loading import parse_config
 
     with pytest.raises(SystemExit) as exit_info:
         parse_config(argv)
@@ -697,7 +698,7 @@ def test_every_torch_load_is_weights_only():
     import ast
 
     calls = []
-    for path in [ROOT / "train.py", *(ROOT / "ppo_ddp").glob("*.py"), *(ROOT / "scripts").glob("*.py")]:
+    for path in [ROOT / "train.py", *(ROOT / "ppo_ddp").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
@@ -756,7 +757,8 @@ def _process_tree(root: int) -> set[int]:
 def test_our_launch_of_several_learners_listens_on_loopback_only(tmp_path):
     # `python train.py --num-gpus 2` on a 2-GPU box takes this path; here on CPU.
     code = (
-        "import sys; from ppo_ddp.topology import TrainingTopology; from ppo_ddp.launch import launch_learners; "
+        "import sys; from ppo_ddp.configuration.topology import TrainingTopology; "
+        "from ppo_ddp.runner.launch import launch_learners; "
         'launch_learners(TrainingTopology(2, 1, "cpu"), sys.argv[1:])'
     )
     run = Launch([sys.executable, "-c", code, *train_args(tmp_path, "l", 40)], tmp_path, "l", debug=tmp_path / "debug")
@@ -803,7 +805,7 @@ def test_two_nodes_on_one_machine(tmp_path):
             obs = d["obs"].reshape(-1, d["obs"].shape[-1]).double().numpy()
             frozen = d["frozen_obs_rms"]
             if frozen is not None:  # undo the actors' normalisation (obs_clip is huge: nothing was clipped)
-                from ppo_ddp.normalization import EPSILON
+                from ppo_ddp.models.normalization import EPSILON
 
                 obs = obs * np.sqrt(frozen["var"].numpy() + EPSILON) + frozen["mean"].numpy()
             seen.append(obs)
@@ -817,7 +819,7 @@ def test_two_nodes_on_one_machine(tmp_path):
 
 
 def test_slurm_script_is_valid_bash():
-    script = ROOT / "scripts" / "slurm" / "train.sbatch"
+    script = ROOT / "examples" / "slurm" / "train.sbatch"
     subprocess.run(["bash", "-n", str(script)], check=True, timeout=10)
     text = script.read_text()
     for needed in (

@@ -21,17 +21,19 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can import scripted_env too
     sys.path.insert(0, str(TESTS_DIR))
 
-from ppo_ddp import launch, signals  # noqa: E402
-from ppo_ddp.actor_pool import ActorPool  # noqa: E402
-from ppo_ddp.agreement import Stopped  # noqa: E402
-from ppo_ddp.checkpointer import find_elastic_run  # noqa: E402
-from ppo_ddp.config import Config  # noqa: E402
-from ppo_ddp.launch import resume_command, stop_message  # noqa: E402
-from ppo_ddp.learner import NonFiniteError, check_finite  # noqa: E402
-from ppo_ddp.model import ActorCritic  # noqa: E402
-from ppo_ddp.programs import program  # noqa: E402
-from ppo_ddp.run_log import RunLogger  # noqa: E402
-from ppo_ddp.signals import ForcedStop, StopRequests  # noqa: E402
+from ppo_ddp.algorithm.learner import check_finite  # noqa: E402
+from ppo_ddp.configuration.config import Config  # noqa: E402
+from ppo_ddp.distributed import signals  # noqa: E402
+from ppo_ddp.distributed.agreement import Stopped  # noqa: E402
+from ppo_ddp.distributed.signals import ForcedStop, StopRequests  # noqa: E402
+from ppo_ddp.errors import NonFiniteError  # noqa: E402
+from ppo_ddp.models.mlp import ActorCritic  # noqa: E402
+from ppo_ddp.records.checkpointer import find_elastic_run  # noqa: E402
+from ppo_ddp.records.run_log import RunLogger  # noqa: E402
+from ppo_ddp.runner import launch  # noqa: E402
+from ppo_ddp.runner.launch import resume_command, stop_message  # noqa: E402
+from ppo_ddp.runner.programs import TRAIN_FILE, program  # noqa: E402
+from ppo_ddp.sampling.pool import ActorPool  # noqa: E402
 
 
 def deliver(sig: int) -> None:
@@ -96,7 +98,7 @@ def test_resume_command_keeps_the_flags_and_names_the_run(argv, expected, monkey
 def test_resume_command_names_the_program_as_it_was_started(monkeypatch):
     for var in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "PPO_DDP_ACTORS_PER_LEARNER"):
         monkeypatch.delenv(var, raising=False)
-    module = str(Path(launch.__file__).with_name("train.py"))  # sys.argv[0] of `python -m ppo_ddp.train`
+    module = str(TRAIN_FILE)  # sys.argv[0] of `python -m ppo_ddp.train`: ppo_ddp/train.py
     assert (
         resume_command("r1", [module, "--seed", "2"]) == "python -m ppo_ddp.train --seed 2 --resume auto --run-name r1"
     )
@@ -112,7 +114,7 @@ def test_resume_command_names_the_program_as_it_was_started(monkeypatch):
 
 
 def test_the_apis_launch_command_trains_the_same_config(tmp_path):
-    from ppo_ddp.configure import parse_config
+    from ppo_ddp.configuration.loading import parse_config
 
     cfg = Config(env_id="Hopper-v5", seed=3, hidden_sizes=(32, 16), runs_dir=str(tmp_path), run_name="api")
     argv = launch.launch_command(cfg)

@@ -1,4 +1,4 @@
-"""GAE and action preparation: the rollout math every actor runs (ppo_ddp.rollout).
+"""GAE and action preparation: the rollout math every actor runs (ppo_ddp.algorithm.gae, ppo_ddp.models.actions).
 
 The hand-computed cases use gamma = lambda = 0.5 so every number is a short binary fraction and the
 expected advantages can be checked on paper: gamma * lambda = 0.25.
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_ddp.rollout import compute_gae, prepare_action
+from ppo_ddp.algorithm.gae import compute_gae
+from ppo_ddp.models.actions import prepare_action
 
 G, L = 0.5, 0.5
 

@@ -19,11 +19,13 @@ import torch
 import yaml
 from test_train import ROUNDS, TIMEOUT, read_csv, run, torchrun
 
-from ppo_ddp.config import Config
-from ppo_ddp.configure import parse_config
-from ppo_ddp.learner import ADAPTIVE_LR_BOUNDS, adapted_learning_rate
-from ppo_ddp.model import ActorCritic, PolicyKernel, read_flat_parameters
-from ppo_ddp.normalization import EPSILON, Moments, value_scale
+from ppo_ddp.algorithm.learner import ADAPTIVE_LR_BOUNDS, adapted_learning_rate
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.configuration.loading import parse_config
+from ppo_ddp.models.flat import read_flat_parameters
+from ppo_ddp.models.kernels import PolicyKernel
+from ppo_ddp.models.mlp import ActorCritic
+from ppo_ddp.models.normalization import EPSILON, Moments, value_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 128  # a round of SMALL on 2 ranks
@@ -234,10 +236,11 @@ EQUIVALENCE = textwrap.dedent(
     """
     import functools, sys
     import torch
-    from ppo_ddp import distributed as D
-    from ppo_ddp.config import Config
-    from ppo_ddp.learner import Learner, RolloutBatch
-    from ppo_ddp.model import ActorCritic
+    from ppo_ddp.distributed import process_group as D
+    from ppo_ddp.distributed import collectives as C
+    from ppo_ddp.configuration.config import Config
+    from ppo_ddp.algorithm.learner import Learner, RolloutBatch
+    from ppo_ddp.models.mlp import ActorCritic
 
     out, world = sys.argv[1], int(sys.argv[2])
     B, OBS, ACT = 256, 6, 3
@@ -256,7 +259,7 @@ EQUIVALENCE = textwrap.dedent(
                                                                   "returns")))
         torch.manual_seed(0)
         model = ActorCritic(OBS, ACT, (32, 32))
-        learner = Learner(cfg, model, ctx.device, functools.partial(D.average_, ctx))
+        learner = Learner(cfg, model, ctx.device, functools.partial(C.average_, ctx))
         learner.train_step(batch, lambda adv: adv_stats, value_stats)
         if ctx.rank == 0:
             torch.save(learner.flat_params.detach().clone(), out)

@@ -1,4 +1,4 @@
-"""Learners, actors per learner and devices: the topology rules, one test per rule (ppo_ddp.topology)."""
+"""Learners, actors per learner and devices: the topology rules, one test per rule (ppo_ddp.configuration.topology)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ppo_ddp.topology import (
+from ppo_ddp.configuration.topology import (
     DEFAULT_ACTORS_PER_GPU,
     Launch,
     TrainingTopology,
@@ -194,7 +194,7 @@ def test_inconsistent_launcher_environment_is_an_error(world_size, local_rank, l
 
 
 def test_learner_threads_leave_the_cores_of_actors_that_step_during_the_update(monkeypatch):
-    from ppo_ddp.topology import cpu_learner_threads
+    from ppo_ddp.configuration.topology import cpu_learner_threads
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)), raising=False)
     assert cpu_learner_threads(2, 1) == 2  # sync rounds: the actors wait, their cores are the update's

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_train import SMALL, read_csv, run
 
-from ppo_ddp import config as config_module
-from ppo_ddp.configure import parse_config
+from ppo_ddp.configuration import config as config_module
+from ppo_ddp.configuration.loading import parse_config
 
 wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2", reason="wandb: pip install -e '.[track]'")
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from ppo_ddp.normalization import EPSILON
+from ppo_ddp.models.normalization import EPSILON
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 4
@@ -303,7 +303,8 @@ def test_our_launch_hands_each_worker_the_actors_the_topology_chose(tmp_path):
     # 1 actor each. Only the launcher sees the (faked) GPUs; its workers train on this machine's CPU.
     code = (
         "import sys, torch; torch.cuda.device_count = lambda: 2; sys.argv = sys.argv[1:]; "
-        "from ppo_ddp.configure import parse_config; from ppo_ddp.launch import main; main(parse_config())"
+        "from ppo_ddp.configuration.loading import parse_config; from ppo_ddp.runner.launch import main; "
+        "main(parse_config())"
     )
     proc = run(
         [
@@ -337,8 +338,9 @@ def test_python_train_launches_several_learners_like_torchrun(tmp_path):
     # --num-gpus 2` (tests/test_reliability.py), with the Python API's command line: its config in the run folder,
     # the learners started as `-m ppo_ddp.train --config RUN/launch.yaml`.
     code = (
-        "import sys; from ppo_ddp.configure import parse_config; from ppo_ddp.topology import TrainingTopology; "
-        "from ppo_ddp.launch import launch_command, launch_learners; "
+        "import sys; from ppo_ddp.configuration.loading import parse_config; "
+        "from ppo_ddp.configuration.topology import TrainingTopology; "
+        "from ppo_ddp.runner.launch import launch_command, launch_learners; "
         'launch_learners(TrainingTopology(2, 1, "cpu"), launch_command(parse_config(sys.argv[1:])))'
     )
     run(

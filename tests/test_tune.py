@@ -17,11 +17,11 @@ import yaml
 
 optuna = pytest.importorskip("optuna")
 
-from ppo_ddp.config import ConfigError  # noqa: E402
-from ppo_ddp.configure import load_yaml_defaults  # noqa: E402
-from ppo_ddp.presets import space_file  # noqa: E402
-from ppo_ddp.tune_space import load_space, parse_space  # noqa: E402
-from ppo_ddp.tune_trial import Monitor, TrialFailed, run_training  # noqa: E402
+from ppo_ddp.configuration.loading import load_yaml_defaults  # noqa: E402
+from ppo_ddp.configuration.presets import space_file  # noqa: E402
+from ppo_ddp.errors import ConfigError  # noqa: E402
+from ppo_ddp.search.space import load_space, parse_space  # noqa: E402
+from ppo_ddp.search.trial import Monitor, TrialFailed, run_training  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from test_tune import ENV, TINY  # noqa: E402
 
-from ppo_ddp import tune  # noqa: E402
-from ppo_ddp.tune_space import load_space  # noqa: E402
+from ppo_ddp.search import study as tune  # noqa: E402
+from ppo_ddp.search.space import load_space  # noqa: E402
 
 CORES = os.cpu_count() or 2
 
@@ -52,8 +52,8 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import optuna
-from ppo_ddp import tune
-from ppo_ddp.tune_space import load_space
+from ppo_ddp.search import study as tune
+from ppo_ddp.search.space import load_space
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 url, name, space, folder = sys.argv[2], sys.argv[3], load_space(sys.argv[4]), Path(sys.argv[5])
 worker, n = int(sys.argv[6]), int(sys.argv[7])

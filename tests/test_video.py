@@ -24,7 +24,7 @@ IN_VIEW = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from ppo_ddp.envs import make_video_env
+    from ppo_ddp.envs.make import make_video_env
     try:
         env = make_video_env(sys.argv[1])
         env.reset(seed=0)
@@ -63,9 +63,9 @@ LAST_FRAME = textwrap.dedent(
     import imageio.v3 as iio
     import numpy as np
     import torch
-    from ppo_ddp.envs import make_video_env
-    from ppo_ddp.evaluate import load_policy
-    from ppo_ddp.evaluator import eval_seed, play_episodes
+    from ppo_ddp.envs.make import make_video_env
+    from ppo_ddp.evaluation.playback import load_policy
+    from ppo_ddp.evaluation.evaluator import eval_seed, play_episodes
     torch.set_num_threads(1)
     model, obs_rms, cfg = load_policy(sys.argv[1])
     video = iio.imread(sys.argv[2])
