@@ -21,13 +21,11 @@ from its fastest pass.
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
-import sys
-import time
+import statistics
 from pathlib import Path
 
-from worktree import base_worktree  # scripts/, on sys.path when a script runs
+import train_runs  # scripts/, on sys.path when a script runs
+from worktree import base_worktree
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {
@@ -38,26 +36,16 @@ VARIANTS = {
 
 
 def train(tree: Path, work: Path, name: str, flags: list[str]) -> dict:
-    """train.py in tree to its end: wall seconds, steps, mean rollout and update seconds, the last evaluation."""
-    cmd = [sys.executable, "train.py", "--runs-dir", str(work), "--run-name", name, *flags]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, timeout=7200)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"bench_overlap.py: {name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    with open(work / name / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    timed = [r for r in rows if r.get("charts/train_seconds")][2:]
-    evals = [line for line in proc.stdout.splitlines() if line.startswith("eval of round")]
-
-    def mean(key: str) -> float:
-        return sum(float(r[key]) for r in timed) / max(len(timed), 1)
-
+    """train.py in tree to its end: wall seconds, steps, mean rollout and update seconds after the first two rounds,
+    the last evaluation."""
+    run = train_runs.train(tree, work, name, flags)
+    timed = train_runs.timing(run.rows, warmup=2)
+    evals = [line for line in run.stdout.splitlines() if line.startswith("eval of round")]
     return {
-        "wall": wall,
-        "steps": int(rows[-1]["global_step"]),
-        "rollout": mean("charts/rollout_seconds"),
-        "update": mean("charts/train_seconds"),
+        "wall": run.wall,
+        "steps": int(run.rows[-1]["global_step"]),
+        "rollout": statistics.fmean(timed.rollout_seconds),
+        "update": statistics.fmean(timed.update_seconds),
         "eval": evals[-1].split(": ", 1)[1].split(" over")[0] if evals else "n/a",
     }
 

@@ -13,16 +13,15 @@ touches them alike:
 - gru_critic: the same with a privileged critic (`--critic-obs full_obs`: an MLP on the whole observation instead
   of the value head on the GRU).
 
-A round is the wall time between two rounds' rows (charts/elapsed_seconds: rollout, update, the round's
-bookkeeping), its median over the rounds after the first two of every run of a way; SPS is 2048 over that. The
-rollout and update columns are the medians of charts/rollout_seconds and charts/train_seconds. The last line is
+A round is the wall time between two rounds' rows (charts/elapsed_seconds: rollout, update, the round's bookkeeping),
+its median over the rounds after the first three of every run of a way (scripts/train_runs.py); SPS is 2048 over that.
+The rollout and update columns are the medians of charts/rollout_seconds and charts/train_seconds. The last line is
 `gru/mlp round SPS <ratio>`, after `gru_critic/mlp round SPS <ratio>`.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import train_runs  # noqa: E402
 from bench_update import train  # noqa: E402
 
 WAYS = {
@@ -40,15 +40,10 @@ WAYS = {
 }
 
 
-def round_times(work: Path, name: str) -> tuple[list[float], list[float], list[float], int]:
-    """(round seconds, rollout seconds, update seconds) of a finished run's rounds after its first two; samples."""
-    with open(work / name / "metrics.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("charts/train_seconds")]
-    elapsed = [float(r["charts/elapsed_seconds"]) for r in rows]
-    rounds = [b - a for a, b in zip(elapsed, elapsed[1:])][2:]
-    rollout = [float(r["charts/rollout_seconds"]) for r in rows][3:]
-    update = [float(r["charts/train_seconds"]) for r in rows][3:]
-    return rounds, rollout, update, int(float(rows[-1]["charts/buffer_size"]))
+def round_times(rows: list[dict[str, str]]) -> tuple[list[float], list[float], list[float], int]:
+    """(round seconds, rollout seconds, update seconds) of a finished run's rounds after its first three; samples."""
+    timed = train_runs.timing(rows, warmup=3)
+    return timed.round_seconds, timed.rollout_seconds, timed.update_seconds, int(float(rows[-1]["charts/buffer_size"]))
 
 
 def main() -> None:
@@ -67,7 +62,7 @@ def main() -> None:
                 result = train(ROOT, work, name, [*flags, *total, "--eval-interval", "0", "--save-interval", "1000"])
                 if result["warning"]:
                     raise SystemExit(f"bench_recurrent.py: {way}: {result['warning']}")
-                rounds, rollout, update, samples = round_times(work, name)
+                rounds, rollout, update, samples = round_times(result["rows"])
                 for acc, got in zip(times[way], (rounds, rollout, update)):
                     acc.extend(got)
                 compile_s = f", compiled in {result['compile']:.1f} s" if result["compile"] is not None else ""

@@ -16,10 +16,13 @@ after the pool runs and the larger value is used, so drift of a shared machine c
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -30,30 +33,52 @@ from ppo_ddp.configuration.config import Config
 from ppo_ddp.envs.make import make_env
 from ppo_ddp.models.factory import make_model
 from ppo_ddp.models.normalization import Moments, merge_rms_states
+from ppo_ddp.sampling.children import SINGLE_THREAD_ENV
 from ppo_ddp.sampling.pool import ActorPool
 from ppo_ddp.storage.checkpoint import load_checkpoint
 
 
-def raw_env_rate(env_id: str, seconds: float, seed: int = 0) -> float:
-    """Env steps per second of one plain env with uniform random actions (resets included)."""
-    env = make_env(env_id)
+def raw_env_rate(env_id: str, seconds: float, envs: int = 1, actions: str = "uniform", seed: int = 0) -> float:
+    """Env steps per second of `envs` plain envs stepped in turn with pre-drawn actions (resets included): the raw
+    rate a pool's actors are measured against. actions: "uniform" over the bounds, or "policy", a fresh Gaussian
+    policy's (mean ~0, std 1, clipped to the bounds as the actor clips them)."""
+    pool = [make_env(env_id) for _ in range(envs)]
     try:
-        env.reset(seed=seed)
-        space = env.action_space
+        for e, env in enumerate(pool):
+            env.reset(seed=seed * 1000 + e)
+        space = pool[0].action_space
         rng = np.random.default_rng(seed)
-        actions = rng.uniform(space.low, space.high, size=(512, *space.shape)).astype(space.dtype)
-        steps = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-        while time.perf_counter() < deadline:
-            for action in actions:
-                _, _, terminated, truncated, _ = env.step(action)
-                if terminated or truncated:
-                    env.reset()
-            steps += len(actions)
+        if actions == "uniform":
+            drawn = rng.uniform(space.low, space.high, size=(256, envs, *space.shape))
+        else:
+            drawn = np.clip(rng.standard_normal((256, envs, *space.shape)), space.low, space.high)
+        drawn = drawn.astype(space.dtype)
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() < start + seconds:
+            for row in drawn:
+                for env, action in zip(pool, row):
+                    _, _, terminated, truncated, _ = env.step(action)
+                    if terminated or truncated:
+                        env.reset()
+            steps += drawn.shape[0] * envs
         return steps / (time.perf_counter() - start)
     finally:
-        env.close()
+        for env in pool:
+            env.close()
+
+
+def side_by_side(processes: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """fn(*args, seed) in `processes` spawned processes at once (seeds 0, 1, ...), started as the pool starts its
+    actors, with one thread for the math libraries (numpy's OpenBLAS threads would otherwise compete for the cores):
+    their results. The limit of a node is the sum of raw_env_rate's side by side."""
+    saved = dict(os.environ)
+    os.environ.update(SINGLE_THREAD_ENV)  # inherited by the spawned processes
+    try:
+        with mp.get_context("spawn").Pool(processes) as pool:
+            return pool.starmap(fn, [(*args, seed) for seed in range(processes)])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def pool_rate(cfg: Config, obs_dim: int, act_dim: int, seconds: float, checkpoint: Path | None = None):

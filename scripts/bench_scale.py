@@ -19,11 +19,9 @@ running distorts both numbers.
 from __future__ import annotations
 
 import argparse
-import csv
-import multiprocessing as mp
 import os
 import shlex
-import subprocess
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_rollout import raw_env_rate  # noqa: E402
+import train_runs  # noqa: E402
+from bench_rollout import raw_env_rate, side_by_side  # noqa: E402
 
 from ppo_ddp.configuration.loading import parse_config  # noqa: E402
 from ppo_ddp.configuration.topology import resolve_actors_per_learner  # noqa: E402
@@ -40,9 +39,7 @@ from ppo_ddp.configuration.topology import resolve_actors_per_learner  # noqa: E
 
 def side_by_side_limit(env_id: str, processes: int, seconds: float) -> float:
     """Env steps per second of `processes` plain envs stepped at once, one per process."""
-    with mp.get_context("spawn").Pool(processes) as pool:
-        rates = pool.starmap(raw_env_rate, [(env_id, seconds, seed) for seed in range(processes)])
-    return sum(rates)
+    return sum(side_by_side(processes, raw_env_rate, env_id, seconds, 1, "uniform"))
 
 
 def training_rate(
@@ -53,16 +50,10 @@ def training_rate(
     steps = resolve_actors_per_learner(cfg.num_actors, 1, cfg.actors_per_gpu) * cfg.envs_per_actor
     steps *= cfg.rollout_length
     total = (1 + warmup + rounds) * steps  # round 0 seeds the statistics
-    cmd = [sys.executable, "train.py", "--config", preset, *flags, "--total-timesteps", str(total)]
-    cmd += ["--runs-dir", str(work), "--run-name", "bench", "--save-interval", str(10**6), "--eval-interval", "0"]
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    with open(work / "bench" / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))[warmup - 1 :]  # the row that ends the warm-up, then the timed rounds
-    seconds = float(rows[-1]["charts/elapsed_seconds"]) - float(rows[0]["charts/elapsed_seconds"])
-    timed = rows[1:]
-    rollout = sum(float(r["charts/rollout_seconds"]) for r in timed) / len(timed)
-    update = sum(float(r["charts/train_seconds"]) for r in timed) / len(timed)
-    return len(timed) * steps / seconds, rollout, update, steps
+    flags = ["--config", preset, *flags, "--total-timesteps", str(total), "--save-interval", str(10**6)]
+    run = train_runs.train(ROOT, work, "bench", [*flags, "--eval-interval", "0"])
+    timed = train_runs.timing(run.rows, warmup)
+    return timed.sps, statistics.fmean(timed.rollout_seconds), statistics.fmean(timed.update_seconds), steps
 
 
 def main(argv: list[str] | None = None) -> None:

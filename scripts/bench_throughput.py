@@ -27,7 +27,6 @@ each tree is sampled from /proc while it runs; the table shows the largest per r
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shlex
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import proc_tree  # scripts/, on sys.path when a script runs
+import train_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_ID = "HalfCheetah-v5"
@@ -170,17 +170,13 @@ def run_ppo_ddp(
         else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
     )
     peaks, wall = proc_tree.run_tree([*launcher, "train.py", *flags], log=work / f"{name}.log", cwd=args.trainer_root)
-    with open(work / name / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    first, last = rows[args.warmup_rounds - 1], rows[-1]
-    steps = int(last["global_step"]) - int(first["global_step"])
-    seconds = float(last["charts/elapsed_seconds"]) - float(first["charts/elapsed_seconds"])
+    timed = train_runs.timing(train_runs.read_metrics(work / name), args.warmup_rounds)
     if world == 1:
         title = f"ppo_ddp, python train.py{' --overlap' if overlap else ''}, {actors} actors x {envs} envs x "
         title += f"{rollout_length} steps"
     else:
         title = f"ppo_ddp, torchrun {world} ranks, each {actors} actors x {envs} envs x {rollout_length} steps"
-    return Result(title, steps / seconds, seconds, wall, peaks)
+    return Result(title, timed.sps, timed.seconds, wall, peaks)
 
 
 def learner_rss_growth(args: argparse.Namespace, work: Path) -> None:

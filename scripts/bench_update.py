@@ -20,37 +20,28 @@ Prints one line per run and the ratios; the last line is `update <base / compile
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from worktree import base_worktree  # scripts/, on sys.path when a script runs
+import train_runs  # scripts/, on sys.path when a script runs
+from worktree import base_worktree
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def train(tree: Path, work: Path, name: str, flags: list[str], env: dict[str, str] | None = None) -> dict:
-    """Run train.py in tree to its end; its wall seconds, compile seconds, train_seconds and last row."""
-    cmd = [sys.executable, "train.py", "--runs-dir", str(work), "--run-name", name, *flags]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, env=env, timeout=7200)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"bench_update.py: {name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    with open(work / name / "metrics.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("charts/train_seconds")]
-    compiled = re.search(r"compiled in ([0-9.]+) s", proc.stdout)
+    """Run train.py in tree to its end; its wall seconds, compile seconds, train_seconds, last row and rows."""
+    run = train_runs.train(tree, work, name, flags, env=env)
+    compiled = re.search(r"compiled in ([0-9.]+) s", run.stdout)
     return {
-        "wall": wall,
+        "wall": run.wall,
         "compile": float(compiled.group(1)) if compiled else None,
-        "train_seconds": [float(r["charts/train_seconds"]) for r in rows],
-        "last": rows[-1],
-        "warning": next((line for line in proc.stderr.splitlines() if "did not compile" in line), None),
+        "train_seconds": [float(r["charts/train_seconds"]) for r in run.rows],
+        "last": run.rows[-1],
+        "rows": run.rows,
+        "warning": next((line for line in run.stderr.splitlines() if "did not compile" in line), None),
     }
 
 

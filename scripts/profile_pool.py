@@ -32,7 +32,6 @@ the machine.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shlex
 import sys
@@ -45,39 +44,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import numpy as np  # noqa: E402
-from bench_rollout import pool_rate  # noqa: E402
+from bench_rollout import pool_rate, raw_env_rate, side_by_side  # noqa: E402
 
 from ppo_ddp.configuration.config import Config  # noqa: E402
 from ppo_ddp.configuration.loading import parse_config  # noqa: E402
 from ppo_ddp.envs.make import make_env  # noqa: E402
 from ppo_ddp.sampling.children import SINGLE_THREAD_ENV  # noqa: E402
-
-
-def raw_rate(env_id: str, envs: int, actions: str, seconds: float, seed: int) -> tuple[float, dict[str, float]]:
-    """Env steps per second of `envs` plain envs stepped in turn with pre-drawn actions (resets included)."""
-    pool = [make_env(env_id) for _ in range(envs)]
-    try:
-        for e, env in enumerate(pool):
-            env.reset(seed=seed * 1000 + e)
-        space = pool[0].action_space
-        rng = np.random.default_rng(seed)
-        if actions == "uniform":
-            drawn = rng.uniform(space.low, space.high, size=(256, envs, *space.shape))
-        else:  # a fresh Gaussian policy's: mean ~0, std 1, clipped to the bounds as the actor clips them
-            drawn = np.clip(rng.standard_normal((256, envs, *space.shape)), space.low, space.high)
-        drawn = drawn.astype(space.dtype)
-        steps, start = 0, time.perf_counter()
-        while time.perf_counter() < start + seconds:
-            for row in drawn:
-                for env, action in zip(pool, row):
-                    _, _, terminated, truncated, _ = env.step(action)
-                    if terminated or truncated:
-                        env.reset()
-            steps += drawn.shape[0] * envs
-        return steps / (time.perf_counter() - start), {}
-    finally:
-        for env in pool:
-            env.close()
 
 
 class _Timed:
@@ -205,18 +177,10 @@ def profile(actor, rounds: int, top: int) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
-def side_by_side(processes: int, fn, *args) -> tuple[float, dict[str, float]]:
-    """fn(*args, seed) in `processes` spawned processes at once, started as the pool starts its actors (one thread
-    for the math libraries: numpy's OpenBLAS threads would otherwise compete for the cores): summed rate, mean
-    time split."""
-    saved = dict(os.environ)
-    os.environ.update(SINGLE_THREAD_ENV)  # inherited by the spawned processes
-    try:
-        with mp.get_context("spawn").Pool(processes) as pool:
-            results = pool.starmap(fn, [(*args, seed) for seed in range(processes)])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+def side_by_side_split(processes: int, fn, *args) -> tuple[float, dict[str, float]]:
+    """bench_rollout's side_by_side of fn, which returns a rate or (rate, time split): the summed rate and the mean
+    split."""
+    results = [r if isinstance(r, tuple) else (r, {}) for r in side_by_side(processes, fn, *args)]
     split: dict[str, float] = {}
     for _, s in results:
         for k, v in s.items():
@@ -248,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     E, n = cfg.envs_per_actor, args.cores
     print(f"# {cfg.env_id}, {args.config} {args.flags}; {n} processes side by side, {args.seconds:g} s a row; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
-    limit, _ = side_by_side(n, raw_rate, cfg.env_id, 1, "uniform", args.seconds)
+    limit, _ = side_by_side_split(n, raw_env_rate, cfg.env_id, args.seconds, 1, "uniform")
 
     def show(name: str, rate: float, split: dict[str, float]) -> None:
         parts = ", ".join(f"{k} {v:.0%}" for k, v in split.items())
@@ -256,11 +220,11 @@ def main(argv: list[str] | None = None) -> None:
 
     show("1 env, uniform actions (the limit)", limit, {})
     for name, fn, fn_args in (
-        (f"{E} envs, uniform actions", raw_rate, (cfg.env_id, E, "uniform", args.seconds)),
-        (f"{E} envs, policy actions", raw_rate, (cfg.env_id, E, "policy", args.seconds)),
+        (f"{E} envs, uniform actions", raw_env_rate, (cfg.env_id, args.seconds, E, "uniform")),
+        (f"{E} envs, policy actions", raw_env_rate, (cfg.env_id, args.seconds, E, "policy")),
         (f"actor ({E} envs, no learner)", actor_rate, (cfg, args.seconds)),
     ):
-        rate, split = side_by_side(n, fn, *fn_args)
+        rate, split = side_by_side_split(n, fn, *fn_args)
         replayed = split.pop(REPLAY, None)
         show(name, rate, split)
         if replayed is not None:  # the env's work on the actor's own states: what the actor adds is the rest
@@ -284,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.update(SINGLE_THREAD_ENV)  # as in an actor
         print(f"# one actor in this process, alone, under cProfile ({E} envs):", flush=True)
         actor_rate(cfg, args.seconds, 0, args.cprofile)
-    again, _ = side_by_side(n, raw_rate, cfg.env_id, 1, "uniform", args.seconds)
+    again, _ = side_by_side_split(n, raw_env_rate, cfg.env_id, args.seconds, 1, "uniform")
     print(f"the limit again: {again:,.0f} steps/s ({again / limit:.3f} of the first); "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
 

@@ -352,3 +352,22 @@ def test_ten_seeds_get_bootstrap_intervals_and_a_verdict_against_the_published_m
         "| Hopper-v5 | 10 / 10 | 3055 [3010, 3100] | 0 [0, 0] | 2609 | above | 2955 [2910, 3000] | 0 [0, 0] | 0.967 "
         "| no | AMD EPYC |"
     )
+
+
+def test_a_timing_leaves_out_the_warm_up_rounds(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train_runs
+
+    with open(tmp_path / "metrics.csv", "w", newline="") as f:  # rounds of 2048 steps, the first two slow
+        writer = csv.writer(f)
+        writer.writerow(["iteration", "global_step", "charts/elapsed_seconds", "charts/rollout_seconds",
+                         "charts/train_seconds"])  # fmt: skip
+        for i, (elapsed, rollout, update) in enumerate([(9.0, 1, 8), (10.0, 0.5, 0.5), (10.4, 0.3, 0.1),
+                                                         (10.9, 0.4, 0.1)], 1):  # fmt: skip
+            writer.writerow([i, 2048 * (i + 1), elapsed, rollout, update])
+    timed = train_runs.timing(train_runs.read_metrics(tmp_path), warmup=2)
+    assert (timed.steps, timed.seconds) == (4096, pytest.approx(0.9)) and timed.sps == pytest.approx(4096 / 0.9)
+    assert timed.round_seconds == pytest.approx([0.4, 0.5]) and timed.rollout_seconds == [0.3, 0.4]
+    assert timed.update_seconds == [0.1, 0.1]
+    with pytest.raises(ValueError, match="leaves none to time"):
+        train_runs.timing(train_runs.read_metrics(tmp_path), warmup=4)
