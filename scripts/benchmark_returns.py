@@ -4,6 +4,7 @@
     python scripts/benchmark_returns.py --envs Swimmer-v5 Reacher-v5 --seeds 1 2 3    # an env id: its preset
     python scripts/benchmark_returns.py --envs halfcheetah hopper --world-sizes 2 4 --sync-modes params gradients
     python scripts/benchmark_returns.py --scale --envs humanoid ant --seeds 1 2      # 10M steps, ppo_ddp/configs/scale/
+    python scripts/benchmark_returns.py --envs hopper --seeds 1 2 3 4 5 6 7 8 9 10 --skip-done-here   # continue a batch
 
 Each run is `python train.py --config ppo_ddp/configs/<env>.yaml` (ppo_ddp/configs/scale/<env>.yaml with --scale; or
 `torchrun --standalone --nproc_per_node=W` for world size W > 1) with the preset's total steps unless
@@ -222,6 +223,8 @@ def main() -> None:
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "benchmarks")
     p.add_argument("--train-args", default="", help="extra flags for train.py, e.g. '--envs-per-actor 4'")
     p.add_argument("--skip-existing", action="store_true", help="skip runs that already have a row in the CSV")
+    p.add_argument("--skip-done-here", action="store_true",
+                   help="skip runs that have a row from a CPU of this machine's model (a batch continued)")  # fmt: skip
     args = p.parse_args()
     missing = [e for e in args.envs if args.scale and not (ROOT / preset_path(e, True)).exists()]
     if missing:
@@ -240,7 +243,10 @@ def main() -> None:
                     continue
                 for seed in args.seeds:
                     key = (env_id, str(seed), str(world), preset, sync, args.train_args)
-                    if args.skip_existing and any(row_key(r) == key for r in read_rows(csv_path)):
+                    done = [r for r in read_rows(csv_path) if row_key(r) == key]
+                    if (args.skip_existing and done) or (args.skip_done_here and any(
+                        r.get("cpu") == cpu_model() for r in done
+                    )):  # fmt: skip
                         continue
                     run_dir = train(
                         env_key, seed, world, args.total_timesteps, args.runs_dir, args.train_args, args.scale, sync
