@@ -242,14 +242,9 @@ def versions() -> dict[str, str]:
     }
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def put_row(path: Path, row: dict) -> None:
+    from benchmark_returns import read_rows  # the parent's only: the workers' venv has no ppo_ddp
+
     key = (row["env"], row["trainer"], str(row["seed"]))
     rows = [r for r in read_rows(path) if (r["env"], r["trainer"], r["seed"]) != key] + [row]
     rows.sort(key=lambda r: (list(SCORES).index(r["env"]), r["trainer"], int(r["seed"])))
@@ -327,6 +322,8 @@ def main() -> None:
                 print(f"[{time.strftime('%H:%M:%S')}] {trainer} {env_id} seed {seed}: reached at "
                       f"{row['reached_seconds'] or '-'} s / {row['reached_steps'] or '-'} steps; end "
                       f"{row['end_return']} at {row['end_seconds']} s", flush=True)  # fmt: skip
+    from benchmark_returns import read_rows
+
     print(table(read_rows(args.csv)))
 
 

@@ -235,6 +235,7 @@ def main() -> None:
     # uncommitted changes to the code or presets ran, which that commit alone would not reproduce (this script's
     # own rows and figures, changed as it goes, do not count)
     commit = code_version(("ppo_ddp", "train.py"), short=True)
+    here = cpu_model()
     for env_key in args.envs:
         env_id, preset = PRESETS[env_key][0], preset_path(env_key, args.scale)
         for world in args.world_sizes:
@@ -245,7 +246,7 @@ def main() -> None:
                     key = (env_id, str(seed), str(world), preset, sync, args.train_args)
                     done = [r for r in read_rows(csv_path) if row_key(r) == key]
                     if (args.skip_existing and done) or (args.skip_done_here and any(
-                        r.get("cpu") == cpu_model() for r in done
+                        r.get("cpu") == here for r in done
                     )):  # fmt: skip
                         continue
                     run_dir = train(
