@@ -13,8 +13,8 @@ from typing import Optional
 import numpy as np
 import tyro
 
-from ppo_ddp.configuration.config import missing_extra
 from ppo_ddp.configuration.flags import use_docstrings_as_help
+from ppo_ddp.configuration.validation import missing_extra
 from ppo_ddp.envs.make import env_problem, make_video_env
 from ppo_ddp.envs.video import render_problem
 from ppo_ddp.errors import CheckpointError

@@ -26,8 +26,9 @@ import torch
 import tyro
 
 import ppo_ddp
-from ppo_ddp.configuration.config import Config, missing_extra
+from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.flags import use_docstrings_as_help
+from ppo_ddp.configuration.validation import missing_extra
 from ppo_ddp.envs.make import make_env
 from ppo_ddp.errors import CheckpointError
 from ppo_ddp.evaluation.playback import load_policy

@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from ppo_ddp.configuration.config import missing_extra
+from ppo_ddp.configuration.validation import missing_extra
 
 
 def load_curve(metrics_csv: Path, with_episodes: bool = False):

@@ -28,8 +28,8 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
-from ppo_ddp.configuration.config import missing_extra
 from ppo_ddp.configuration.presets import space_file
+from ppo_ddp.configuration.validation import missing_extra
 from ppo_ddp.errors import ConfigError
 from ppo_ddp.runner.programs import package_env
 from ppo_ddp.search.space import Space, load_space

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ppo_ddp.configuration.config import Config, validate
+from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.loading import load_yaml_defaults
+from ppo_ddp.configuration.validation import validate
 from ppo_ddp.envs.make import is_dm_control, missing_dm_control
 
 ROOT = Path(__file__).resolve().parent.parent

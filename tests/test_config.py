@@ -16,8 +16,9 @@ import sys
 import pytest
 
 import ppo_ddp.configuration.config as config_module
-from ppo_ddp.configuration.config import Config, config_from_dict, config_to_dict, validate
+from ppo_ddp.configuration.config import Config, config_from_dict, config_to_dict
 from ppo_ddp.configuration.loading import load_yaml_defaults, parse_config
+from ppo_ddp.configuration.validation import validate
 from ppo_ddp.envs.make import missing_dm_control
 from ppo_ddp.errors import ConfigError
 

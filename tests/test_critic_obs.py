@@ -25,7 +25,8 @@ import scripted_env  # noqa: E402
 from test_exact_resume import assert_a_stopped_learner_resumes_exactly  # noqa: E402
 from test_train import ROOT, dump, torchrun  # noqa: E402
 
-from ppo_ddp.configuration.config import Config, validate  # noqa: E402
+from ppo_ddp.configuration.config import Config  # noqa: E402
+from ppo_ddp.configuration.validation import validate  # noqa: E402
 from ppo_ddp.envs.make import env_seed  # noqa: E402
 from ppo_ddp.errors import ConfigError  # noqa: E402
 from ppo_ddp.models.factory import make_model  # noqa: E402

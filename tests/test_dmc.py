@@ -25,8 +25,9 @@ pytest.importorskip("dm_control", reason="needs the dmc extra of pyproject.toml"
 if importlib.util.find_spec("shimmy") is None:
     pytest.skip("needs shimmy: the dmc extra of pyproject.toml", allow_module_level=True)
 
-from ppo_ddp.configuration.config import Config, validate
+from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.loading import load_yaml_defaults
+from ppo_ddp.configuration.validation import validate
 from ppo_ddp.envs.make import make_env, make_video_env
 
 ROOT = Path(__file__).resolve().parent.parent

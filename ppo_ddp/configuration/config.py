@@ -1,21 +1,17 @@
-"""The one Config of a training run and its validation: every value is checked before any process, env or
-collective starts, and a bad one is a ConfigError that names the field, the value and what is allowed (one line on
-stderr and exit status 2 from the command line). Where a run's values come from (a preset or YAML file, flags,
-keyword fields) is ppo_ddp/configuration/loading.py.
+"""The one Config of a training run, and the types of its values as YAML gives them. Every value is checked before
+any process, env or collective starts (ppo_ddp/configuration/validation.py), and a bad one is a ConfigError that
+names the field, the value and what is allowed (one line on stderr and exit status 2 from the command line). Where a
+run's values come from (a preset or YAML file, flags, keyword fields) is ppo_ddp/configuration/loading.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Optional
 
 from ppo_ddp.configuration.flags import said
-from ppo_ddp.configuration.topology import resolve_actors_per_learner
-from ppo_ddp.envs.make import critic_obs_problem, env_problem
 from ppo_ddp.errors import ConfigError
 
 
@@ -207,16 +203,6 @@ class Config:
     for an env that has none."""
 
 
-COUNT_FIELDS = tuple(
-    "total_timesteps num_gpus num_actors actors_per_gpu envs_per_actor rollout_length param_sync_interval "
-    "update_epochs num_minibatches save_interval learner_threads eval_episodes rnn_hidden_size seq_length".split()
-)
-POSITIVE_FLOAT_FIELDS = tuple(
-    "learning_rate lr_kl_target clip_coef max_grad_norm obs_clip reward_clip actor_timeout".split()
-)
-NON_NEGATIVE_FLOAT_FIELDS = ("ent_coef", "vf_coef", "bounds_loss_coef")
-
-
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(Config)]
 
@@ -225,12 +211,8 @@ YAML_EXPONENT_HINT = "YAML reads 1e-4 as text: write 1.0e-4"
 """PyYAML follows YAML 1.1, where a float needs a dot: the commonest reason a learning rate is not a number."""
 
 
-def missing_extra(module: str) -> Optional[str]:
-    """What to install when an optional dependency (an extra of pyproject.toml) is missing, else None."""
-    return None if importlib.util.find_spec(module) else f"needs {module}: pip install {module}"
-
-
-def _fail(name: str, value: Any, allowed: str) -> ConfigError:
+def invalid(name: str, value: Any, allowed: str) -> ConfigError:
+    """The error of a bad value: one line, `name=value: what is allowed` (exit status 2 from the command line)."""
     return ConfigError(said(name, value, allowed))
 
 
@@ -246,117 +228,34 @@ def coerce(name: str, annotation: Any, value: Any) -> Any:
         return coerce(name, inner[0], value)
     if origin is Literal:
         if value not in args:
-            raise _fail(name, value, f"must be one of {', '.join(map(str, args))}")
+            raise invalid(name, value, f"must be one of {', '.join(map(str, args))}")
         return value
     if origin is tuple:  # tuple[int, ...] or tuple[str, ...]
         item = args[0]
         if not isinstance(value, (list, tuple)) or not all(
             isinstance(v, item) and not isinstance(v, bool) for v in value
         ):
-            raise _fail(name, value, f"must be a list of {'integers' if item is int else 'strings'}")
+            raise invalid(name, value, f"must be a list of {'integers' if item is int else 'strings'}")
         return tuple(value)
     if annotation is bool:
         if not isinstance(value, bool):
-            raise _fail(name, value, "must be true or false")
+            raise invalid(name, value, "must be true or false")
         return value
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _fail(name, value, "must be an integer")
+            raise invalid(name, value, "must be an integer")
         return value
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _fail(
+            raise invalid(
                 name, value, "must be a number" + (f" ({YAML_EXPONENT_HINT})" if isinstance(value, str) else "")
             )
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
-            raise _fail(name, value, "must be a string")
+            raise invalid(name, value, "must be a string")
         return value
     raise TypeError(f"no YAML coercion for field {name} of type {annotation}")  # a programming error
-
-
-def validate(cfg: Config, check_env: bool = True) -> None:
-    """Raise ConfigError for the first invalid value of cfg."""
-    for name in COUNT_FIELDS:
-        value = getattr(cfg, name)
-        if value is not None and value <= 0:
-            raise _fail(name, value, "must be a positive integer")
-    for name in POSITIVE_FLOAT_FIELDS:
-        value = getattr(cfg, name)
-        if not value > 0:
-            raise _fail(name, value, "must be > 0")
-    for name in NON_NEGATIVE_FLOAT_FIELDS:
-        value = getattr(cfg, name)
-        if not value >= 0:
-            raise _fail(name, value, "must be >= 0")
-    if not 0 < cfg.gamma <= 1:
-        raise _fail("gamma", cfg.gamma, "must be in (0, 1]")
-    if not 0 <= cfg.gae_lambda <= 1:
-        raise _fail("gae_lambda", cfg.gae_lambda, "must be in [0, 1]")
-    if cfg.target_kl is not None and not cfg.target_kl > 0:
-        raise _fail("target_kl", cfg.target_kl, "must be > 0 or None")
-    if cfg.eval_interval < 0:
-        raise _fail("eval_interval", cfg.eval_interval, "must be >= 0 (0: no evaluation)")
-    if cfg.capture_video and not cfg.eval_interval:
-        raise _fail("capture_video", True, "records evaluation episodes: set eval_interval > 0 (--eval-interval N)")
-    for name, module in (("capture_video", "moviepy"), ("track", "wandb")):
-        if getattr(cfg, name) and (problem := missing_extra(module)):  # optional: said at start, not later
-            raise _fail(name, True, problem)
-    if cfg.adaptive_lr and cfg.anneal_lr:
-        raise _fail("adaptive_lr", True, "the rate follows the KL, so anneal_lr must be false (--no-anneal-lr)")
-    if cfg.sync_mode == "gradients" and cfg.param_sync_interval != 1:
-        raise _fail(
-            "param_sync_interval", cfg.param_sync_interval, 'must be 1 with sync_mode "gradients" (ranks never differ)'
-        )
-    if cfg.recompute_advantages and cfg.policy == "gru":
-        raise _fail("recompute_advantages", True, 'needs policy "mlp" (a GRU\'s values depend on its state)')
-    if cfg.shared_trunk and cfg.policy == "gru":
-        raise _fail("shared_trunk", True, 'needs policy "mlp" (a GRU\'s encoder and core are always shared)')
-    if cfg.critic_obs is not None and cfg.shared_trunk:
-        raise _fail("critic_obs", cfg.critic_obs, "needs shared_trunk false (a shared trunk reads one observation)")
-    if not cfg.hidden_sizes or any(h <= 0 for h in cfg.hidden_sizes):
-        raise _fail("hidden_sizes", list(cfg.hidden_sizes), "must be one or more positive integers")
-    if any(h <= 0 for h in cfg.rnn_head_sizes):
-        raise _fail("rnn_head_sizes", list(cfg.rnn_head_sizes), "must be positive integers (none: no head MLP)")
-    if cfg.rnn_head_sizes and cfg.policy != "gru":
-        raise _fail("rnn_head_sizes", list(cfg.rnn_head_sizes), 'needs policy "gru" (an MLP policy has no GRU)')
-    if cfg.resume is not None and cfg.resume != "auto" and not Path(cfg.resume).is_file():
-        raise _fail("resume", cfg.resume, "must be 'auto' or the path of an existing checkpoint file")
-    if cfg.resume == "auto" and not cfg.run_name:
-        raise _fail("resume", cfg.resume, "needs --run-name: the run whose latest checkpoint to continue")
-    if cfg.run_name is not None and (not cfg.run_name.strip() or "/" in cfg.run_name or cfg.run_name in (".", "..")):
-        raise _fail("run_name", cfg.run_name, "must be a folder name (not empty, no '/')")
-    try:
-        actors = resolve_actors_per_learner(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    check_round_split(cfg, actors)  # the trainer checks it again for the actors its topology decides
-    if check_env:
-        problem = env_problem(cfg.env_id)
-        if problem is not None:
-            raise _fail("env_id", cfg.env_id, problem)
-        if cfg.critic_obs is not None and (problem := critic_obs_problem(cfg.env_id, cfg.critic_obs)):
-            raise _fail("critic_obs", cfg.critic_obs, f"{cfg.env_id}: {problem}")
-
-
-def minibatch_rows(cfg: Config, actors: int) -> int:
-    """Rows of a learner's mini-batch with `actors` actors: samples, or chunks of seq_length steps (policy "gru")."""
-    rows = actors * cfg.envs_per_actor * cfg.rollout_length // (cfg.seq_length if cfg.policy == "gru" else 1)
-    return rows // cfg.num_minibatches
-
-
-def check_round_split(cfg: Config, actors: int) -> None:
-    """A learner's round of `actors` actors must split into the mini-batches; ConfigError naming the field if not."""
-    rows, what = actors * cfg.envs_per_actor * cfg.rollout_length, "samples"
-    shape = f"actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length}"
-    if cfg.policy == "gru":
-        if cfg.rollout_length % cfg.seq_length != 0:
-            raise _fail("seq_length", cfg.seq_length, f"must divide rollout_length {cfg.rollout_length} (policy gru)")
-        rows, what, shape = rows // cfg.seq_length, f"chunks of seq_length {cfg.seq_length}", f"{shape} / seq_length"
-    if rows % cfg.num_minibatches != 0:
-        raise _fail("num_minibatches", cfg.num_minibatches, f"must divide the {rows} {what} a learner collects per "
-                    f"round ({shape})")  # fmt: skip
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -3,8 +3,9 @@ train.py calls) or Python's keyword fields (`load_config`, what the API calls).
 
 `--config NAME|FILE.yaml`, or else the preset of the env the flags name (ppo_ddp/configs/hopper.yaml for `--env-id
 Hopper-v5`, ppo_ddp/configuration/presets.py), supplies defaults; flags override them (ppo_ddp/configuration/flags.py:
-tyro, with prose help); the result is validated (ppo_ddp/configuration/config.py) before any process, env or collective
-starts. A bad value is one line on stderr that names the field, the value and what is allowed, and exit status 2.
+tyro, with prose help); the result is validated (ppo_ddp/configuration/validation.py) before any process, env or
+collective starts. A bad value is one line on stderr that names the field, the value and what is allowed, and exit
+status 2.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from ppo_ddp.configuration.config import Config, coerce, field_names, validate
+from ppo_ddp.configuration.config import Config, coerce, field_names
 from ppo_ddp.configuration.flags import parse_flags
 from ppo_ddp.configuration.presets import config_file, flag_value, implied_preset, split_config_flag
+from ppo_ddp.configuration.validation import validate
 from ppo_ddp.errors import ConfigError
 
 

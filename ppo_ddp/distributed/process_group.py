@@ -26,8 +26,9 @@ import torch.distributed as dist
 # exception", SIGABRT) after it has said its last word.
 import torch.distributed.nn.functional  # noqa: F401
 
-from ppo_ddp.configuration.config import Config, check_round_split
+from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.topology import Launch, TrainingTopology, resolve_rank_device, resolve_training_topology
+from ppo_ddp.configuration.validation import check_round_split
 from ppo_ddp.errors import ConfigError
 
 OWN_LAUNCH_ENV = "PPO_DDP_ACTORS_PER_LEARNER"

@@ -27,9 +27,10 @@ from typing import Any, Optional, Union
 import torch.distributed as dist
 import yaml
 
-from ppo_ddp.configuration.config import Config, config_to_dict, validate
+from ppo_ddp.configuration.config import Config, config_to_dict
 from ppo_ddp.configuration.loading import load_config
 from ppo_ddp.configuration.topology import TrainingTopology
+from ppo_ddp.configuration.validation import validate
 from ppo_ddp.distributed import process_group as D
 from ppo_ddp.distributed.agreement import BAD_INPUT, RunFailed, Stopped
 from ppo_ddp.distributed.signals import ForcedStop, StopRequests, exit_code, signal_name

@@ -32,9 +32,10 @@ import torch.distributed as dist
 
 from ppo_ddp.algorithm import compiled
 from ppo_ddp.algorithm.learner import Learner, adapted_learning_rate, annealed_learning_rate, check_finite
-from ppo_ddp.configuration.config import Config, minibatch_rows
+from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.presets import describe
 from ppo_ddp.configuration.topology import cpu_learner_threads
+from ppo_ddp.configuration.validation import minibatch_rows
 from ppo_ddp.distributed import collectives as C
 from ppo_ddp.distributed import process_group as D
 from ppo_ddp.distributed.agreement import Agreement, RunFailed, Stopped

@@ -32,10 +32,11 @@ from typing import Any, Optional
 
 import yaml
 
-from ppo_ddp.configuration.config import YAML_EXPONENT_HINT, Config, config_from_dict, field_names, validate
+from ppo_ddp.configuration.config import YAML_EXPONENT_HINT, Config, config_from_dict, field_names
 from ppo_ddp.configuration.loading import load_yaml_defaults, read_yaml
 from ppo_ddp.configuration.presets import config_file, find_preset
 from ppo_ddp.configuration.topology import resolve_actors_per_learner
+from ppo_ddp.configuration.validation import validate
 from ppo_ddp.envs.make import env_problem
 from ppo_ddp.errors import ConfigError
 
