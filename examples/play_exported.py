@@ -5,11 +5,12 @@
 
 It needs onnxruntime, gymnasium (with mujoco for the MuJoCo robots) and numpy, and neither torch nor ppo_ddp: the
 file holds the whole step from the env's raw observation to the action the env receives (observation
-normalisation and clipping, the policy mean, the clip to the action bounds) and says what it is for in its
-metadata. Episode i is reset with seed + i, as `python -m ppo_ddp.evaluate` does, so for the same checkpoint and
---seed both print the same returns.
+normalisation and clipping, the policy's deterministic action, the clip to the action bounds) and says what it is
+for in its metadata. Episode i is reset with seed + i, as `python -m ppo_ddp.evaluate` does, so for the same
+checkpoint and --seed both print the same returns.
 
-The env defaults to the one in the file's metadata. ppo_ddp's partly observed envs (ppo_ddp/HopperNoVel-v5, ...)
+The env defaults to the one in the file's metadata, made with the options it names (env_kwargs: another MJCF
+model, its reward weights). ppo_ddp's partly observed envs (ppo_ddp/HopperNoVel-v5, ...)
 are registered by the ppo_ddp package, which this script does not import: pass
 --env-id ppo_ddp:ppo_ddp/HopperNoVel-v5 and gymnasium imports it to register them, where ppo_ddp is importable
 (PYTHONPATH=. from the repository's root; the package's import loads gymnasium and numpy, not torch).
@@ -75,8 +76,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     env_id = args.env_id or meta["env_id"]
     if env_id.startswith("dm_control/"):
         import shimmy  # noqa: F401  (registers the dm_control/ ids; gymnasium does not import it by itself)
+    options = json.loads(meta.get("env_kwargs", "{}"))  # the robot's options (another MJCF model, its weights)
     try:
-        env = gym.make(env_id)
+        env = gym.make(env_id, **options)
     except gym.error.NamespaceNotFound:  # e.g. ppo_ddp/HopperNoVel-v5: see the top of this file
         raise SystemExit(f"{env_id}: not registered; try --env-id ppo_ddp:{env_id} with PYTHONPATH=.") from None
     obs_dim = flat(env.observation_space.sample()).shape[0]

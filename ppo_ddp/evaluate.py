@@ -1,14 +1,15 @@
 """Evaluate a checkpoint: `python -m ppo_ddp.evaluate runs/<run>/model_<run>.pt --episodes 10`.
 
 Everything comes from the checkpoint alone: the network shape from its config, the observation
-normalisation from its frozen obs_rms_state. Deterministic evaluation acts with the policy mean.
+normalisation from its frozen obs_rms_state. Deterministic evaluation acts with the
+policy's deterministic action (the Gaussian's mean; a bounded distribution's, docs/design.md).
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import tyro
@@ -30,14 +31,16 @@ class EvalArgs:
     episodes: int = 10
     """Episodes to run."""
     deterministic: bool = True
-    """Act with the policy mean; --stochastic (same as --no-deterministic) samples from the Gaussian."""
+    """Act with the policy's deterministic action (the Gaussian's mean); --stochastic (same as --no-deterministic)
+    samples from the policy's distribution."""
     seed: int = 12345
     """Seed of the evaluation episodes (different from training seeds by default)."""
     video: Optional[str] = None
     """Folder to record an mp4 of every episode into, with a camera that follows the robot (needs moviepy and a
     MuJoCo renderer: without a display MUJOCO_GL=egl is tried, or set MUJOCO_GL=osmesa)."""
     env_id: Optional[str] = None
-    """Override the env of the checkpoint (same observation and action shapes)."""
+    """Override the env of the checkpoint (same observation and action shapes); it is made with the checkpoint's
+    env_kwargs, the options of the robot the policy was trained on."""
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -54,11 +57,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"evaluate: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     env_id = args.env_id or cfg.env_id
-    if problem := env_problem(env_id):  # a dm_control run's checkpoint in a venv without dm_control, say
+    # a dm_control run's checkpoint in a venv without dm_control, say, or the run's xml_file moved since
+    if problem := env_problem(env_id, cfg.env_kwargs):
         print(f"evaluate: error: env_id={env_id!r}: {problem}", file=sys.stderr)
         raise SystemExit(2)
     if args.video:
-        _check_video(env_id)
+        _check_video(env_id, cfg.env_kwargs)
     returns = evaluate_policy(
         model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video
     )
@@ -71,11 +75,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"videos in {args.video}")
 
 
-def _check_video(env_id: str) -> None:
+def _check_video(env_id: str, env_kwargs: dict[str, Any]) -> None:
     """Fail with advice instead of a traceback when videos cannot be written here."""
     problem = missing_extra("moviepy")  # it writes the mp4 files
     if problem is None:
-        env = make_video_env(env_id)
+        env = make_video_env(env_id, **env_kwargs)
         problem = render_problem(env)
         env.close()
     if problem is not None:

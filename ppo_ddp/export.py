@@ -3,9 +3,10 @@
 
 The file computes what `python -m ppo_ddp.evaluate` acts with (ppo_ddp/evaluation/policy.py's EnvPolicy, deterministic):
 raw observations float32 [N, obs_dim] -> normalised with the checkpoint's frozen statistics and clipped to
-±obs_clip -> the policy mean -> clipped to the env's action bounds -> actions float32 [N, act_dim]. A GRU policy's
-state is an input and an output: (obs [N, D], h [N, H]) -> (action [N, A], h_next [N, H]), h zeros at an
-episode's start. What it is for (env id, sizes, bounds, policy kind, code version) travels inside the file: ONNX
+±obs_clip -> the policy's deterministic action (the Gaussian's mean; a bounded distribution's, inside the bounds) ->
+clipped to the env's action bounds -> actions float32 [N, act_dim]. A GRU policy's state is an input and an output:
+(obs [N, D], h [N, H]) -> (action [N, A], h_next [N, H]), h zeros at an episode's start. What it is for (env id,
+sizes, bounds, policy kind, distribution, code version) travels inside the file: ONNX
 metadata_props (strings; lists as JSON), TorchScript's extra file metadata.json. docs/usage.md, "Exporting a
 policy"; examples/play_exported.py runs an ONNX file with onnxruntime alone.
 """
@@ -70,7 +71,9 @@ def export_metadata(policy: EnvPolicy, cfg: Config) -> dict[str, Any]:
     """What a user of the file needs to run it, without the checkpoint or ppo_ddp."""
     meta: dict[str, Any] = {
         "env_id": cfg.env_id,
+        "env_kwargs": cfg.env_kwargs,  # the options the env must be made with (another MJCF model, its weights)
         "policy": cfg.policy,
+        "distribution": cfg.distribution,  # the action is its deterministic one (ppo_ddp/models/distributions.py)
         "obs_dim": policy.model.obs_dim,
         "act_dim": policy.model.act_dim,
         "action_low": policy.low.tolist(),
@@ -138,7 +141,7 @@ def export_policy(checkpoint: str | Path, fmt: str, output: str | Path) -> tuple
     """Write the checkpoint's policy to output in format fmt; returns the exported module and its metadata.
     CheckpointError for a file that is not a checkpoint."""
     model, obs_rms, cfg = load_policy(checkpoint)
-    env = make_env(cfg.env_id)  # the bounds the env clips to are the env's, not the checkpoint's
+    env = make_env(cfg.env_id, **cfg.env_kwargs)  # the bounds the env clips to are the env's, not the checkpoint's
     low, high = env.action_space.low, env.action_space.high
     env.close()
     policy = EnvPolicy(model, obs_rms, cfg.obs_clip, low, high).eval().requires_grad_(False)

@@ -92,7 +92,7 @@ def actor_rate(cfg: Config, seconds: float, seed: int, top: int = 0) -> tuple[fl
     from ppo_ddp.storage.shared import BufferSpec, SharedBuffers
 
     torch.set_num_threads(1)  # as actor_main
-    probe = make_env(cfg.env_id)
+    probe = make_env(cfg.env_id, **cfg.env_kwargs)
     obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
     probe.close()
     torch.manual_seed(cfg.seed)
@@ -144,7 +144,7 @@ def replay_rate(cfg: Config, rank: int, acted: list[np.ndarray]) -> float:
     so the same MuJoCo work, without the actor (its first round replayed untimed, as the actor's was)."""
     from ppo_ddp.envs.make import env_seed
 
-    envs = [make_env(cfg.env_id) for _ in range(cfg.envs_per_actor)]
+    envs = [make_env(cfg.env_id, **cfg.env_kwargs) for _ in range(cfg.envs_per_actor)]
     try:
         for e, env in enumerate(envs):
             env.reset(seed=env_seed(cfg.seed, rank, 0, e))
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         if replayed is not None:  # the env's work on the actor's own states: what the actor adds is the rest
             show("  its actions replayed in plain envs", replayed * n, {})
             print(f"  the actor at {rate / (replayed * n):.3f} of its replay", flush=True)
-    probe = make_env(cfg.env_id)
+    probe = make_env(cfg.env_id, **cfg.env_kwargs)
     dims = probe.observation_space.shape[0], probe.action_space.shape[0]
     probe.close()
     rate, _, _ = pool_rate(cfg, *dims, args.seconds)

@@ -103,6 +103,14 @@ class PrivilegedScriptedEnv(ScriptedEnv):
         return obs, reward, terminated, truncated, {**info, "full_obs": privileged(obs)}
 
 
+class UnboundedScriptedEnv(ScriptedEnv):
+    """ScriptedEnv whose actions have no bounds: what a bounded distribution refuses (tests/test_distributions.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+
 def privileged(obs: np.ndarray) -> np.ndarray:
     """The privileged observation of ScriptedPrivileged-v0 for a policy observation (rows [..., 3])."""
     obs = np.asarray(obs, dtype=np.float64)
@@ -150,3 +158,4 @@ _register(
     kwargs={"failure": "hang", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 0, 0, 1)},
 )
 gym.register(id="ScriptedPrivileged-v0", entry_point="scripted_env:PrivilegedScriptedEnv", disable_env_checker=True)
+gym.register(id="ScriptedUnbounded-v0", entry_point="scripted_env:UnboundedScriptedEnv", disable_env_checker=True)

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch._dynamo
@@ -22,13 +23,14 @@ from ppo_ddp.algorithm.ppo_step import FlatAdam
 from ppo_ddp.configuration.config import Config
 from ppo_ddp.models.factory import make_model
 from ppo_ddp.models.gru import RecurrentActorCritic
-from ppo_ddp.models.mlp import ActorCritic, gaussian_log_prob
+from ppo_ddp.models.mlp import ActorCritic
 from ppo_ddp.storage.batch import RolloutBatch
 
 # Hopper's sizes and the mini-batch of 16 that tests/test_train.py's SMALL runs train on: the default config's
 # step compiled here is the one those runs load from inductor's cache, and the reverse (one build per shape).
 OBS, ACT, B, MINIBATCHES = 11, 3, 64, 4
 CRITIC = 7  # the width of the privileged critic's observation (critic_obs)
+BOUNDS = (np.array([-0.4, -1.0, 0.0], np.float32), np.array([0.4, 1.0, 2.0], np.float32))  # the bounded ones
 
 # Every option of the update is in one of these (with target_kl low enough to stop after the first epoch).
 CONFIGS = {
@@ -41,8 +43,15 @@ CONFIGS = {
         adaptive_lr=True,
         learner_threads=2,
     ),  # fmt: skip
-    # the critic values observations of its own (critic_obs)
-    "elu-anneal-critic_obs": Config(activation="elu", hidden_sizes=(24,), max_grad_norm=0.05, critic_obs="full_obs"),
+    # the critic values observations of its own (critic_obs); a Beta policy (its lgamma and digamma, issue 61)
+    "elu-anneal-critic_obs-beta": Config(
+        activation="elu",
+        hidden_sizes=(24,),
+        max_grad_norm=0.05,
+        critic_obs="full_obs",
+        distribution="beta",
+        ent_coef=0.01,
+    ),  # fmt: skip
     # one trunk for policy and value (rl_games' separate: False): the value loss's gradient reaches the policy's layers
     "elu-shared_trunk-normalize_value": Config(
         activation="elu",
@@ -58,8 +67,16 @@ CONFIGS = {
     ),
     # a GRU policy with an MLP critic of its own observation
     "gru-critic_obs": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), critic_obs="full_obs"),
-    # a head MLP on the GRU's state, between it and the linear heads (rnn_head_sizes)
-    "gru-head": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), rnn_head_sizes=(12, 10)),
+    # a head MLP on the GRU's state, between it and the linear heads (rnn_head_sizes); a tanh-squashed Gaussian
+    "gru-head-tanh_gaussian": Config(
+        policy="gru",
+        seq_length=4,
+        rnn_hidden_size=8,
+        hidden_sizes=(16,),
+        rnn_head_sizes=(12, 10),
+        distribution="tanh_gaussian",
+        ent_coef=0.01,
+    ),  # fmt: skip
 }
 
 
@@ -75,9 +92,9 @@ def batch_for(model: ActorCritic | RecurrentActorCritic, seed: int) -> RolloutBa
         starts = (torch.rand(B // L, L, generator=g) < 0.2).float()
         critic = torch.randn(B // L, L, CRITIC, generator=g) if model.critic_dim else None
         with torch.no_grad():
-            mean, values, _ = model.forward_chunks(obs, h0, starts, critic_obs=critic)
-        actions = mean + torch.randn(mean.shape, generator=g) * model.actor_logstd.exp()
-        logp = gaussian_log_prob(mean, model.actor_logstd, actions).detach()
+            out, values, _ = model.forward_chunks(obs, h0, starts, critic_obs=critic)
+            actions = model.dist.sample(out, model.actor_logstd, g)
+            logp = model.dist.log_prob(out, model.actor_logstd, actions)
         advantages = torch.randn(B // L, L, generator=g)
         returns = advantages + values + 0.5
         return RolloutBatch(obs, actions.detach(), logp, values, advantages, returns, h0, starts, critic_obs=critic)
@@ -91,7 +108,7 @@ def batch_for(model: ActorCritic | RecurrentActorCritic, seed: int) -> RolloutBa
 
 def learner_for(cfg: Config, compile: bool) -> Learner:
     torch.manual_seed(0)
-    model = make_model(cfg, OBS, ACT, CRITIC if cfg.critic_obs else 0)
+    model = make_model(cfg, OBS, ACT, CRITIC if cfg.critic_obs else 0, BOUNDS)
     cfg = dataclasses.replace(cfg, update_epochs=3, num_minibatches=MINIBATCHES)
     learner = Learner(cfg, model, torch.device("cpu"))
     if compile:

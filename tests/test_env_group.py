@@ -3,6 +3,8 @@ terminations, truncations and resets, bit for bit, over thousands of steps and s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import mujoco.batch
 import numpy as np
@@ -73,6 +75,34 @@ def test_batched_step_equals_gymnasium_with_the_envs_options() -> None:
         max_episode_steps=150,
     )
     assert ends > 0
+
+
+OPTIONS = {  # every option the batch's formulas read from the env instance, changed (env_kwargs)
+    "HalfCheetah-v5": dict(forward_reward_weight=0.5, ctrl_cost_weight=0.3, frame_skip=3,
+                           exclude_current_positions_from_observation=False),
+    "Hopper-v5": dict(forward_reward_weight=2.0, healthy_state_range=(-50.0, 50.0), healthy_angle_range=(-0.1, 0.1),
+                      healthy_reward=0.25, frame_skip=2, reset_noise_scale=0.02),
+    "Walker2d-v5": dict(healthy_z_range=(0.9, 1.8), healthy_angle_range=(-0.5, 0.5), healthy_reward=2.0,
+                        terminate_when_unhealthy=False, frame_skip=6, exclude_current_positions_from_observation=False),
+    "Swimmer-v5": dict(forward_reward_weight=2.0, ctrl_cost_weight=0.01, frame_skip=2,
+                       exclude_current_positions_from_observation=False),
+}  # fmt: skip
+TROTTER = str(Path(__file__).resolve().parent.parent / "examples" / "robots" / "trotter.xml")
+"""Another MJCF model: the planar robot of docs/usage.md's "Train your own robot" (4 motors, not the env's own)."""
+
+
+@pytest.mark.parametrize("env_id", BATCHED_IDS)
+def test_batched_step_equals_gymnasium_with_changed_options(env_id: str) -> None:
+    ends = _lockstep(env_id, 5, steps=400, max_episode_steps=120, **OPTIONS[env_id])
+    assert ends >= 8  # truncations at 120 steps at least
+
+
+@pytest.mark.parametrize("env_id", ["Walker2d-v5", "Hopper-v5", "HalfCheetah-v5"])
+def test_batched_step_equals_gymnasium_with_another_mjcf_model(env_id: str) -> None:
+    # the trotter's first joints are x, height and pitch, as the planar robots' are: each env's formulas apply
+    health = {} if env_id == "HalfCheetah-v5" else {"healthy_z_range": (0.25, 1.0)}  # HalfCheetah never falls
+    ends = _lockstep(env_id, 2, steps=500, xml_file=TROTTER, frame_skip=5, **health)
+    assert ends > 0 if health else ends == 0
 
 
 def test_only_unmodified_supported_envs_are_batched() -> None:

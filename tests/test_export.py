@@ -26,16 +26,19 @@ from ppo_ddp.storage.checkpoint import save_checkpoint
 ROOT = Path(__file__).resolve().parent.parent
 ENV_ID = "Hopper-v5"  # MuJoCo's float64 observations, bounds [-1, 1], episodes short under a random policy
 OBS_DIM, ACT_DIM, H = 11, 3, 8
-KINDS = ("mlp", "gru")
+KINDS = ("mlp", "gru", "mlp-beta", "gru-tanh_gaussian")  # policy[-distribution], a Gaussian's by default
+BOUNDS = (np.full(ACT_DIM, -1.0, np.float32), np.full(ACT_DIM, 1.0, np.float32))  # Hopper's
 
 
 def make_checkpoint(path: Path, policy: str) -> Path:
     """A checkpoint as the trainer writes its policy part, without training: weights pushed well off their
     initialisation (the action head's 0.01 gain would keep every action near 0 and inside the bounds) and
     statistics far from (0, 1), so normalisation, both clips and the GRU's state all change the actions."""
-    cfg = Config(env_id=ENV_ID, policy=policy, hidden_sizes=(16,), rnn_hidden_size=H, obs_clip=3.0)
+    network, _, distribution = policy.partition("-")
+    cfg = Config(env_id=ENV_ID, policy=network, hidden_sizes=(16,), rnn_hidden_size=H, obs_clip=3.0,
+                 distribution=distribution or "gaussian")  # fmt: skip
     torch.manual_seed(KINDS.index(policy))
-    model = make_model(cfg, OBS_DIM, ACT_DIM)
+    model = make_model(cfg, OBS_DIM, ACT_DIM, 0, BOUNDS)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
@@ -90,15 +93,17 @@ def env_observations(steps: int, envs: int) -> np.ndarray:
 def reference(checkpoint: Path, obs: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
     """The checkpoint's deterministic actions [T, N, A] for obs [T, N, D], computed apart from the exported
     module: the actors' numpy normalisation, the network as the learner unrolls it (chunks with episode starts,
-    its gradient path) and numpy's clip to the env's bounds. Also the state after the last step (GRU)."""
+    its gradient path), the distribution's deterministic action and numpy's clip to the env's bounds. Also the
+    state after the last step (GRU)."""
     model, obs_rms, cfg = load_policy(checkpoint)
     x = torch.as_tensor(normalize_obs(obs, obs_rms, cfg.obs_clip)).transpose(0, 1)  # [N, T, D]
     if cfg.policy == "gru":
         mean, _, last = model.forward_chunks(x, model.initial_state(x.shape[0]), torch.as_tensor(starts).T.float())
     else:
         mean, last = model.action_mean(x), None
+    action = model.dist.mode(mean, model.actor_logstd).detach().transpose(0, 1).numpy()
     space = make_env(ENV_ID).action_space
-    return np.clip(mean.detach().transpose(0, 1).numpy(), space.low, space.high), last
+    return np.clip(action, space.low, space.high), last
 
 
 def run_onnx(path: Path, obs: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -144,15 +149,17 @@ def sequence() -> tuple[np.ndarray, np.ndarray]:
 def test_the_exported_policy_acts_as_the_checkpoint(fmt, kind, checkpoints, sequence, request):
     files = request.getfixturevalue(f"{fmt}_files")
     obs, starts = sequence
-    if kind == "mlp":
+    if kind.startswith("mlp"):
         obs, starts = obs.reshape(1, -1, OBS_DIM), starts.reshape(1, -1)  # one batch of 40 observations
     want, last = reference(checkpoints[kind], obs, starts)
     got, h = (run_onnx if fmt == "onnx" else run_torchscript)(files[kind], obs, starts)
     assert got.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-    # the check can fail: the clip to the bounds [-1, 1] is in play, and so is the state
-    assert 0.1 < np.mean(np.abs(want) == 1.0) < 0.9
-    if kind == "gru":
+    if "-" not in kind:  # the check can fail: the Gaussian's clip to the bounds [-1, 1] is in play
+        assert 0.1 < np.mean(np.abs(want) == 1.0) < 0.9
+    else:  # and a bounded distribution's squashing: its actions spread over the bounds, never at them
+        assert np.abs(want).max() < 1.0 and np.abs(want).max() > 0.5
+    if kind.startswith("gru"):
         np.testing.assert_allclose(h, last.detach().numpy(), rtol=0, atol=1e-5)
         stateless, _ = reference(checkpoints[kind], obs, np.ones_like(starts))
         assert np.abs(stateless - want)[1:].max() > 1e-2
@@ -171,10 +178,12 @@ def test_the_metadata_travels_with_both_formats(onnx_files, torchscript_files):
         numbers = ("obs_dim", "act_dim", "action_low", "action_high", "rnn_hidden_size")
         from_onnx = {k: json.loads(v) if k in numbers else v for k, v in props.items()}
         for meta in (from_onnx, json.loads(extra["metadata.json"])):
-            assert meta["env_id"] == ENV_ID and meta["policy"] == kind
+            network, _, distribution = kind.partition("-")
+            assert meta["env_id"] == ENV_ID and meta["policy"] == network
+            assert meta["distribution"] == (distribution or "gaussian")
             assert (meta["obs_dim"], meta["act_dim"]) == (OBS_DIM, ACT_DIM)
             assert meta["action_low"] == [-1.0] * ACT_DIM and meta["action_high"] == [1.0] * ACT_DIM
-            assert meta.get("rnn_hidden_size") == (H if kind == "gru" else None)
+            assert meta.get("rnn_hidden_size") == (H if network == "gru" else None)
             assert meta["ppo_ddp_version"] == ppo_ddp.__version__ == "0.1.0"
             assert meta["git_commit"] in (commit, commit + "-dirty")
 

@@ -574,6 +574,11 @@ CHECKPOINT_CASES = {
         ["--activation", "relu"],
         r"resume='.*tanh\.pt': checkpoint's network is activation tanh, this run's is activation relu$",
     ),
+    "another distribution": (
+        lambda t: fake_checkpoint(t / "gaussian.pt"),
+        ["--distribution", "beta"],
+        r"resume='.*gaussian\.pt': checkpoint's network is distribution gaussian, this run's is distribution beta$",
+    ),
     "a GRU with a head": (
         lambda t: fake_checkpoint(t / "mlp.pt"),
         ["--policy", "gru", "--rnn-head-sizes", "64"],

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from ppo_ddp.configuration.flags import said
+from ppo_ddp.configuration.flags import JSON_OBJECT, said
+from ppo_ddp.envs.options import plain
 from ppo_ddp.errors import ConfigError
 
 
@@ -22,6 +23,12 @@ class Config:
     # ---- what to train ----------------------------------------------------
     env_id: str = "HalfCheetah-v5"
     """Gymnasium id of the environment (continuous actions: Hopper-v5, Ant-v5, dm_control/cheetah-run-v0)."""
+    env_kwargs: Annotated[dict[str, Any], JSON_OBJECT] = dataclasses.field(default_factory=dict)
+    """Options of the env, the keywords gym.make passes to its class, in every env of the run (actors, evaluation,
+    videos, evaluate, export): another MJCF model and its settings, e.g. '{"xml_file": "robots/my.xml",
+    "frame_skip": 5, "ctrl_cost_weight": 0.01}' (JSON on the command line, a mapping in YAML). A relative xml_file
+    is made absolute against the directory you run from, as config.yaml and checkpoints record it. Checked against
+    the env class's keywords before the run starts; a resume must have the same."""
     seed: int = 1
     """Seed of the run; every env gets its own seed derived from (seed, rank, actor, env)."""
     total_timesteps: int = 1_000_000
@@ -129,8 +136,15 @@ class Config:
     (normalize_obs), and with policy "gru" the critic is an MLP of hidden_sizes on it rather than a head on the
     GRU. The policy, evaluation and export are unchanged. None: the critic sees the policy's observation."""
     log_std_init: float = -1.0
-    """Initial state-independent log standard deviation of the Gaussian policy (-1.0: std 0.37 for actions
-    in [-1, 1]; with CleanRL's 0.0, half the HalfCheetah seeds settled in a slow gait, docs/tuning.md)."""
+    """Initial state-independent log standard deviation of the policy (-1.0: std 0.37 for actions in [-1, 1];
+    a bounded distribution's in half-ranges of the bounds; with CleanRL's 0.0, half the HalfCheetah seeds settled
+    in a slow gait, docs/tuning.md)."""
+    distribution: Literal["gaussian", "beta", "tanh_gaussian"] = "gaussian"
+    """The policy's action distribution (ppo_ddp/models/distributions.py, docs/design.md). "gaussian": a Normal
+    whose samples the env clips to the action space's bounds. "tanh_gaussian": a Normal squashed by tanh onto the
+    bounds; "beta": a Beta distribution on them (its position from the network, its concentration a learned
+    parameter that log_std_init starts at the std it names, at most half the half-range). The bounded two put no
+    mass beyond a bound and the action stored is the one the env got."""
     policy: Literal["mlp", "gru"] = "mlp"
     """"mlp", or "gru" for robots that must remember what they saw (partly observed envs): an MLP encoder of
     hidden_sizes, a GRU of rnn_hidden_size and linear heads for the action mean and the value, one core for both
@@ -255,12 +269,16 @@ def coerce(name: str, annotation: Any, value: Any) -> Any:
         if not isinstance(value, str):
             raise invalid(name, value, "must be a string")
         return value
+    if origin is dict:  # env_kwargs: the env class checks the values themselves (validation)
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise invalid(name, value, "must be a mapping of option names to values")
+        return dict(value)
     raise TypeError(f"no YAML coercion for field {name} of type {annotation}")  # a programming error
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain types only (tuples → lists), for YAML files and weights_only checkpoints."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+    """Plain types only (tuples → lists, within env_kwargs too), for YAML files and weights_only checkpoints."""
+    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:

@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import json
 import re
 import textwrap
 import types
@@ -28,11 +29,32 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Optional
 
 import tyro
+import tyro.constructors
 
 from ppo_ddp.configuration.presets import occurrences
 
 KINDS = {int: "an integer", float: "a number", str: "a string"}
 """What a flag of each plain type takes, for the line of a value tyro could not convert."""
+JSON_EXAMPLE = "'{\"frame_skip\": 5}'"
+"""A mapping flag's value as the shell gives it: one JSON object in quotes."""
+
+
+def _json_object(args: list[str]) -> dict[str, Any]:
+    value = json.loads(args[0])
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object but {type(value).__name__}")
+    return value
+
+
+JSON_OBJECT = tyro.constructors.PrimitiveConstructorSpec(
+    nargs=1,
+    metavar="JSON",
+    instance_from_str=_json_object,
+    is_instance=lambda value: isinstance(value, dict),
+    str_from_instance=lambda value: [json.dumps(value)],
+)
+"""How tyro reads a mapping field (env_kwargs): one JSON object, where tyro's own dict flag would take alternating
+keys and values and read every value as the dict's one value type."""
 
 
 def prose(doc: str) -> str:
@@ -78,6 +100,8 @@ def expected(hint: Any) -> str:
         return expected(next(a for a in args if a is not type(None))) + " or None"
     if typing.get_origin(hint) is tuple:
         return f"one or more {'integers' if args[0] is int else 'strings'}"
+    if typing.get_origin(hint) is dict:
+        return f"a JSON object, e.g. {JSON_EXAMPLE}"
     return KINDS.get(hint, "a valid value")
 
 
@@ -100,7 +124,8 @@ def rejection(event: Any, cls: type, argv: Sequence[str]) -> Optional[str]:
     if kind == "InstantiationFailure":
         values = (occurrences(argv, name) or [[]])[-1]  # tyro keeps the last
         value = values if typing.get_origin(hints[name]) is tuple or len(values) != 1 else values[0]
-        return said(name, value, f"must be {expected(hints[name])}")
+        reason = f" ({event.message})" if typing.get_origin(hints[name]) is dict else ""  # where the JSON breaks
+        return said(name, value, f"must be {expected(hints[name])}{reason}")
     return None
 
 

@@ -22,6 +22,7 @@ from ppo_ddp.configuration.config import Config, coerce, field_names
 from ppo_ddp.configuration.flags import parse_flags
 from ppo_ddp.configuration.presets import config_file, flag_value, implied_preset, split_config_flag
 from ppo_ddp.configuration.validation import validate
+from ppo_ddp.envs.options import resolve_env_kwargs
 from ppo_ddp.errors import ConfigError
 
 
@@ -71,6 +72,14 @@ def file_defaults(config: Optional[str], num_actors_given: bool = False, actors_
     return values
 
 
+def with_resolved_env_kwargs(cfg: Config) -> Config:
+    """cfg with its env_kwargs resolved where it is loaded (envs.options.resolve_env_kwargs: a relative xml_file
+    made absolute against this working directory, tuples as lists): the actors, a later evaluate from another
+    directory and the export then read the same file, and config.yaml and checkpoints record where it is."""
+    resolved = resolve_env_kwargs(cfg.env_kwargs)
+    return cfg if resolved == cfg.env_kwargs else dataclasses.replace(cfg, env_kwargs=resolved)
+
+
 def load_config(config: Optional[str] = None, **fields: Any) -> Config:
     """What `train.py [--config CONFIG] [--FIELD VALUE ...]` trains, for Python: the preset or YAML file `config`
     (without it, the preset of the env and policy that fields name, as --env-id picks it), the fields over it,
@@ -87,7 +96,7 @@ def load_config(config: Optional[str] = None, **fields: Any) -> Config:
     values = file_defaults(config, "num_actors" in fields, "actors_per_gpu" in fields)
     hints = typing.get_type_hints(Config)
     values.update({k: coerce(k, hints[k], v) for k, v in fields.items()})
-    cfg = Config(**values, config=config)
+    cfg = with_resolved_env_kwargs(Config(**values, config=config))
     validate(cfg)
     return cfg
 
@@ -110,6 +119,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -
         cfg = parse_flags(Config, rest, default, prog, ConfigError)  # tyro: prose help, a rejection as one line
         if path:  # tyro no longer sees --config; keep where the defaults came from (the start line names it)
             cfg = dataclasses.replace(cfg, config=path)
+        cfg = with_resolved_env_kwargs(cfg)
         validate(cfg, check_env=check_env)
     except ConfigError as e:
         if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun every rank finds it: one line per node

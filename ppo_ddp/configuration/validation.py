@@ -9,7 +9,8 @@ from typing import Optional
 
 from ppo_ddp.configuration.config import Config, invalid
 from ppo_ddp.configuration.topology import resolve_actors_per_learner
-from ppo_ddp.envs.make import critic_obs_problem, env_problem
+from ppo_ddp.envs.make import bounds_problem, critic_obs_problem, env_problems
+from ppo_ddp.envs.options import is_plain
 from ppo_ddp.errors import ConfigError
 
 COUNT_FIELDS = tuple(
@@ -83,12 +84,18 @@ def validate(cfg: Config, check_env: bool = True) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     check_round_split(cfg, actors)  # the trainer checks it again for the actors its topology decides
+    if not isinstance(cfg.env_kwargs, dict) or not is_plain(cfg.env_kwargs):  # what config.yaml can hold
+        raise invalid("env_kwargs", cfg.env_kwargs, "must map names to numbers, strings, booleans, lists or mappings")
     if check_env:
-        problem = env_problem(cfg.env_id)
+        problem, options = env_problems(cfg.env_id, cfg.env_kwargs)
         if problem is not None:
             raise invalid("env_id", cfg.env_id, problem)
-        if cfg.critic_obs is not None and (problem := critic_obs_problem(cfg.env_id, cfg.critic_obs)):
+        if options is not None:
+            raise invalid("env_kwargs", cfg.env_kwargs, options)
+        if cfg.critic_obs is not None and (problem := critic_obs_problem(cfg.env_id, cfg.critic_obs, cfg.env_kwargs)):
             raise invalid("critic_obs", cfg.critic_obs, f"{cfg.env_id}: {problem}")
+        if cfg.distribution != "gaussian" and (problem := bounds_problem(cfg.env_id, cfg.env_kwargs)):
+            raise invalid("distribution", cfg.distribution, f"{cfg.env_id}: {problem}")
 
 
 def minibatch_rows(cfg: Config, actors: int) -> int:

@@ -1,7 +1,8 @@
 """Creating gymnasium envs: the one place that calls gym.make, so every process builds envs the same way.
 
 Actors, the evaluator, `python -m ppo_ddp.evaluate`, videos and the trainer's probe all get their envs from
-`make_env` / `make_video_env`, so an observation reaches the policy in one shape everywhere. DeepMind Control Suite
+`make_env` / `make_video_env`, so an observation reaches the policy in one shape everywhere; each passes the run's
+env_kwargs (the env's options, checked by `env_problems` through ppo_ddp/envs/options.py). DeepMind Control Suite
 tasks (`dm_control/<domain>-<task>-v0`, registered by shimmy; the dmc extra) observe a Dict of arrays: it is
 flattened here (`FlatDictObservation`) into one float32 vector, the entries in sorted key order.
 """
@@ -19,6 +20,7 @@ from typing import Any, Optional
 import gymnasium as gym
 import numpy as np
 
+from ppo_ddp.envs.options import options_problem
 from ppo_ddp.envs.partial import FULL_OBS_KEY, PARTLY_OBSERVED
 
 # Deprecations inside gymnasium's own MuJoCo XML assets: nothing a user can act on, and printed once
@@ -110,11 +112,12 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
     return FlatDictObservation(env) if _dict_of_boxes(env.observation_space) else env
 
 
-def env_problem(env_id: str) -> Optional[str]:
-    """Why PPO here cannot train on env_id (not registered, not creatable, not continuous), or None."""
+def env_problems(env_id: str, env_kwargs: Optional[dict[str, Any]] = None) -> tuple[Optional[str], Optional[str]]:
+    """(why PPO here cannot train on env_id: not registered, not creatable, not continuous; why env_kwargs cannot
+    be given to it: options_problem's reasons, or gymnasium's error creating it with them), at most one not None."""
     if is_dm_control(env_id):  # before any import of shimmy (`shimmy:dm_control/...`): it picks the GL backend
         if problem := missing_dm_control():
-            return problem
+            return problem, None
         _register_dm_control()
     registered_id = env_id
     if ":" in env_id:  # "module:Env-v0": gym.make imports the module that registers the env; so do we
@@ -122,25 +125,36 @@ def env_problem(env_id: str) -> Optional[str]:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            return f"cannot import module {module!r} ({e})"
+            return f"cannot import module {module!r} ({e})", None
     try:
         gym.spec(registered_id)
     except gym.error.Error as e:
-        return f"not a registered gymnasium env ({str(e).splitlines()[0]})"
+        return f"not a registered gymnasium env ({str(e).splitlines()[0]})", None
+    if env_kwargs and (problem := options_problem(env_id, env_kwargs)):
+        return None, problem
     try:
-        env = make_env(env_id)
+        env = make_env(env_id, **(env_kwargs or {}))
     except Exception as e:  # missing mujoco, bad kwargs: the user needs the reason, not a traceback
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        if env_kwargs:
+            return None, f"gymnasium could not create {env_id} with them: {reason}"
         # dm_control 1.0.50 on mujoco 4.0.0 fails here (MjModel has no flex_vertedge): the pins fix that
         hint = f"; {DM_CONTROL_INSTALL} pins versions that work together" if is_dm_control(env_id) else ""
-        return f"gymnasium could not create it: {type(e).__name__}: {str(e).strip().splitlines()[0]}{hint}"
+        return f"gymnasium could not create it: {reason}{hint}", None
     try:
         if not isinstance(env.action_space, gym.spaces.Box):
-            return f"action space is {env.action_space}; PPO here needs a continuous Box"
+            return f"action space is {env.action_space}; PPO here needs a continuous Box", None
         if not isinstance(env.observation_space, gym.spaces.Box):
-            return f"observation space is {env.observation_space}; a Box (or a Dict of Boxes) is needed"
+            return f"observation space is {env.observation_space}; a Box (or a Dict of Boxes) is needed", None
     finally:
         env.close()
-    return None
+    return None, None
+
+
+def env_problem(env_id: str, env_kwargs: Optional[dict[str, Any]] = None) -> Optional[str]:
+    """Why PPO here cannot train on env_id made with env_kwargs (env_problems' reasons as one), or None."""
+    id_problem, options = env_problems(env_id, env_kwargs)
+    return id_problem or (f"env_kwargs={env_kwargs!r}: {options}" if options else None)
 
 
 def critic_observation(info: dict[str, Any], key: str) -> np.ndarray:
@@ -165,9 +179,9 @@ def critic_obs_dim(env: gym.Env, key: str) -> int:
         raise ValueError(f'{e} at reset; the partly observed envs ({partly}) give "{FULL_OBS_KEY}"') from None
 
 
-def critic_obs_problem(env_id: str, key: str) -> Optional[str]:
+def critic_obs_problem(env_id: str, key: str, env_kwargs: Optional[dict[str, Any]] = None) -> Optional[str]:
     """Why a critic cannot read env_id's info[key] (critic_obs_dim's reason), or None."""
-    env = make_env(env_id)
+    env = make_env(env_id, **(env_kwargs or {}))
     try:
         critic_obs_dim(env, key)
     except ValueError as e:
@@ -192,28 +206,45 @@ def dm_control_camera(model: Any) -> int:
     return modes.index(follows) if follows in modes else (0 if modes else -1)
 
 
-def make_video_env(env_id: str) -> gym.Env:
-    """An env that renders rgb_array frames in which the robot stays in view for the whole episode.
+def make_video_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """An env that renders rgb_array frames in which the robot stays in view for the whole episode; kwargs are the
+    env's options (env_kwargs).
 
     gymnasium's default MuJoCo view is a free camera that stays where the episode started: a running HalfCheetah
     leaves the picture within ~100 steps. The robots' own "track" camera follows the centre of mass; an env without
-    one renders from the free camera, and a non-MuJoCo env (which takes no camera) as it does by default. A
-    dm_control task renders from `dm_control_camera`'s choice.
+    one (another MJCF model may have none) renders from the free camera, a camera the options name from that one,
+    and a non-MuJoCo env (which takes no camera) as it does by default. A dm_control task renders from
+    `dm_control_camera`'s choice.
     """
     if is_dm_control(env_id):
-        env = make_env(env_id, render_mode="rgb_array")
+        env = make_env(env_id, render_mode="rgb_array", **kwargs)
         base = env.unwrapped
         base.render_kwargs = {**base.render_kwargs, "camera_id": dm_control_camera(base.physics.model)}
         # shimmy 2.0.1 says render_fps = control timestep * 1000 (cheetah: 10 for 100 steps a second): the video
         # would play 10x slow; one frame per step is 1 / dt frames a second
         base.metadata = {**base.metadata, "render_fps": 1.0 / base.dt}
         return env
+    if "camera_id" in kwargs or "camera_name" in kwargs:
+        return make_env(env_id, render_mode="rgb_array", **kwargs)
     try:
-        return make_env(env_id, render_mode="rgb_array", camera_name=TRACKING_CAMERA)
+        return make_env(env_id, render_mode="rgb_array", camera_name=TRACKING_CAMERA, **kwargs)
     except TypeError:  # not a MuJoCo env: no camera_name argument
-        return make_env(env_id, render_mode="rgb_array")
+        return make_env(env_id, render_mode="rgb_array", **kwargs)
 
 
 def env_seed(seed: int, rank: int, actor: int, env: int) -> int:
     """A distinct, deterministic 32-bit seed for every env of a run, from (seed, rank, actor, env)."""
     return int(np.random.SeedSequence([seed, rank, actor, env]).generate_state(1)[0])
+
+
+def bounds_problem(env_id: str, env_kwargs: Optional[dict[str, Any]] = None) -> Optional[str]:
+    """Why a bounded action distribution cannot act on env_id (bounds that are not finite, or a dimension whose
+    low is not below its high), or None."""
+    env = make_env(env_id, **(env_kwargs or {}))
+    try:
+        low, high = env.action_space.low, env.action_space.high
+    finally:
+        env.close()
+    if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+        return f"a bounded distribution needs finite action bounds with low < high; the env's are {low} .. {high}"
+    return None

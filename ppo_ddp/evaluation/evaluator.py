@@ -84,13 +84,13 @@ def evaluator_main(
     """The evaluator process: ("eval", request id, flat parameters, obs statistics state, video path) in, results
     out. With a video_dir it first says whether it can render: ("ready", None or the reason it cannot)."""
     torch.set_num_threads(1)
-    model = make_model(cfg, *dims)
+    env = make_env(cfg.env_id, **cfg.env_kwargs)
+    model = make_model(cfg, *dims, (env.action_space.low, env.action_space.high))
     model.requires_grad_(False)
-    env = make_env(cfg.env_id)
     recorder = None
     try:
         if video_dir is not None:
-            recorder = EpisodeVideo(make_video_env(cfg.env_id))
+            recorder = EpisodeVideo(make_video_env(cfg.env_id, **cfg.env_kwargs))
             problem = render_problem(recorder)
             conn.send(("ready", problem))
             if problem is not None:

@@ -25,7 +25,10 @@ def load_policy(path: str | Path) -> tuple[ActorCritic, Optional[Moments], Confi
         raise CheckpointError(f"checkpoint {path}: has no 'config', cannot rebuild the network")
     cfg = config_from_dict(state["config"])
     obs_dim, act_dim = int(state["obs_dim"]), int(state["act_dim"])
-    model = make_model(cfg, obs_dim, act_dim, int(state.get("critic_dim", 0)))  # the critic is loaded, not used
+    env = make_env(cfg.env_id, **cfg.env_kwargs)  # the bounds a bounded distribution acts within are the env's
+    bounds = (env.action_space.low, env.action_space.high)
+    env.close()
+    model = make_model(cfg, obs_dim, act_dim, int(state.get("critic_dim", 0)), bounds)  # the critic: loaded, unused
     model.load_state_dict(state["actor"])
     model.eval()
     obs_rms = Moments.from_state(state["obs_rms_state"]) if state["obs_rms_state"] is not None else None
@@ -44,10 +47,10 @@ def evaluate_policy(
 ) -> list[float]:
     """Undiscounted returns of `episodes` episodes, statistics frozen throughout."""
     if video_dir:
-        env = EpisodeVideo(make_video_env(env_id or cfg.env_id))
+        env = EpisodeVideo(make_video_env(env_id or cfg.env_id, **cfg.env_kwargs))
         env.record_all(Path(video_dir))
     else:
-        env = make_env(env_id or cfg.env_id)
+        env = make_env(env_id or cfg.env_id, **cfg.env_kwargs)
     try:
         return [ret for ret, _ in play_episodes(env, model, obs_rms, cfg.obs_clip, episodes, seed, deterministic)]
     finally:

@@ -55,7 +55,8 @@ class EnvPolicy(nn.Module):
         generator: Optional[torch.Generator] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(the actions for raw observations [N, obs_dim], clipped to the bounds; the next state). Deterministic:
-        the policy mean; else a sample, drawn from generator, clipped after sampling (as the actors' actions)."""
+        the distribution's deterministic action (the Gaussian's mean, tanh of it, the Beta's mean); else a sample,
+        drawn from generator, clipped after sampling (as the actors' Gaussian actions; a bounded one is inside)."""
         action, state = self.model.act(self.normalize(obs), state, deterministic, generator)
         return torch.clamp(action, self.low, self.high), state
 

@@ -1,11 +1,14 @@
-"""The env's action from the policy's sample: clipped to the action space's bounds, and what the rollout stores."""
+"""The actors' actions: each step's draw from the policy in numpy, what the rollout stores, what the env gets, and
+the round's log-probs (ppo_ddp/models/distributions.py says what each distribution is)."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Optional, TypeVar
 
 import numpy as np
 import torch
+
+from ppo_ddp.models.distributions import LOG_SQRT_2PI, beta_action, tanh_action
 
 ArrayT = TypeVar("ArrayT", torch.Tensor, np.ndarray)
 
@@ -24,3 +27,61 @@ def prepare_action(sampled_action: ArrayT, action_low: ArrayT, action_high: Arra
         return sampled_action, torch.minimum(torch.maximum(sampled_action, low), high)
     env_action = np.maximum(sampled_action, action_low)  # np.clip's values, without its Python wrapper
     return sampled_action, np.minimum(env_action, action_high, out=env_action)
+
+
+class ActionSampler:
+    """One actor's draws, a round at a time, for its model's distribution (the model holds the round's weights).
+
+    `start_round` draws what can be drawn up front from the actor's generator: the round's Gaussian noise [T, E, A]
+    in one call (the gaussian's log-probs follow from it alone: log p(mean + noise * std) = Σ -noise²/2 - log std -
+    log sqrt(2π)), or for the Beta, whose draw depends on each step's output, a numpy generator seeded from it.
+    `act` makes step t's actions from the policy head's output; `end_round` takes the bounded distributions'
+    log-probs of the round in one torch call, `ActionDistribution.log_prob` at the stored actions, the function the
+    learner's loss calls.
+    """
+
+    def __init__(self, model: torch.nn.Module, low: np.ndarray, high: np.ndarray, steps: int, envs: int) -> None:
+        self.model, self.kind, self.low, self.high = model, model.distribution, low, high
+        self.shape = (steps, envs, low.size)
+        self.bounded = self.kind != "gaussian"
+        if self.bounded:  # float32 as the model computes them: the stored actions are what the learner reads
+            self.center, self.half = model.action_center.numpy(), model.action_half.numpy()
+        self.heads = np.zeros(self.shape, dtype=np.float32) if self.bounded else None  # each step's output
+        self.noise: Optional[np.ndarray] = None
+        self.rng: Optional[np.random.Generator] = None
+
+    def start_round(self, generator: torch.Generator, logp: np.ndarray) -> None:
+        """Draw the round's randomness from generator; the gaussian's log-probs [T, E] into logp."""
+        self.spread = self.model.actor_logstd.numpy().astype(np.float32)
+        if self.kind == "beta":
+            self.rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator).item()))
+            return
+        self.std = np.exp(self.spread)
+        self.noise = torch.randn(self.shape, generator=generator).numpy()
+        if self.kind == "gaussian":
+            logp[:] = (-0.5 * self.noise * self.noise - self.spread - np.float32(LOG_SQRT_2PI)).sum(-1)
+
+    def act(self, t: int, out: np.ndarray, action: np.ndarray) -> np.ndarray:
+        """Step t's actions [E, A] into `action` (the rollout's row) from the head's output `out`; returns what the
+        envs get: the Gaussian's sample clipped to the bounds, a bounded distribution's action itself."""
+        if self.kind == "gaussian":
+            np.multiply(self.noise[t], self.std, out=action)
+            action += out
+            return prepare_action(action, self.low, self.high)[1]
+        self.heads[t] = out
+        if self.kind == "tanh_gaussian":
+            np.multiply(self.noise[t], self.std, out=action)
+            action += out
+            unit = tanh_action(action)
+        else:
+            unit = beta_action(out, self.spread, self.rng)
+        np.multiply(unit, self.half, out=action)
+        action += self.center
+        return action
+
+    def end_round(self, actions: np.ndarray, logp: np.ndarray) -> None:
+        """A bounded distribution's log-probs [T, E] of the round's stored actions [T, E, A] into logp."""
+        if self.bounded:
+            spread = self.model.actor_logstd.detach()
+            with torch.no_grad():
+                logp[:] = self.model.dist.log_prob(torch.from_numpy(self.heads), spread, torch.from_numpy(actions))

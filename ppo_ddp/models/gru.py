@@ -22,18 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
-from ppo_ddp.models.mlp import (
-    ACTIVATION_FUNCTIONS,
-    _layer,
-    _mlp,
-    _mlp_forward,
-    gaussian_entropy,
-    gaussian_log_prob,
-    hidden_layers,
-)
+from ppo_ddp.models.mlp import ACTIVATION_FUNCTIONS, ActionHead, _layer, _mlp, _mlp_forward, hidden_layers
 
 
 def input_projection(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
@@ -141,7 +134,7 @@ def _gru(n_in: int, hidden: int) -> nn.GRU:
     return gru
 
 
-class RecurrentActorCritic(nn.Module):
+class RecurrentActorCritic(ActionHead):
     """A Gaussian policy and a value function on one recurrent core: an MLP encoder (hidden_sizes) → GRU
     (rnn_hidden_size), read by a linear action-mean head and a linear value head; the log-std is
     state-independent. The state of one env is [H]. With head_sizes (cfg.rnn_head_sizes) an MLP on the state sits
@@ -164,6 +157,8 @@ class RecurrentActorCritic(nn.Module):
         rnn_hidden_size: int = 64,
         critic_dim: int = 0,
         head_sizes: Sequence[int] = (),
+        distribution: str = "gaussian",
+        bounds: Optional[tuple[np.ndarray, np.ndarray]] = None,
     ) -> None:
         super().__init__()
         self.obs_dim, self.act_dim, self.rnn_hidden_size = obs_dim, act_dim, rnn_hidden_size
@@ -182,7 +177,7 @@ class RecurrentActorCritic(nn.Module):
         else:
             self.critic = _layer(core_out, 1, 1.0)
         self.actor_mean = _layer(core_out, act_dim, 0.01)
-        self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+        self._init_actions(act_dim, distribution, log_std_init, bounds)
         names = [name for name, _ in self.named_parameters()]
         self._at = {
             part: [i for i, name in enumerate(names) if name.startswith(f"{part}.") or name == part]
@@ -233,9 +228,10 @@ class RecurrentActorCritic(nn.Module):
 
     def _evaluate(self, obs, actions, h0, starts, params: Sequence[torch.Tensor], critic_obs=None) -> tuple:
         """(log-prob, entropy, value, action mean)."""
-        mean, value, _ = self.forward_chunks(obs, h0, starts, params, critic_obs)
-        (log_std,) = self._part(params, "actor_logstd")
-        return gaussian_log_prob(mean, log_std, actions), gaussian_entropy(log_std), value, mean
+        out, value, _ = self.forward_chunks(obs, h0, starts, params, critic_obs)
+        (spread,) = self._part(params, "actor_logstd")
+        dist = self.dist
+        return dist.log_prob(out, spread, actions), dist.entropy(out, spread, actions), value, out
 
     def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """evaluate_chunks() on a PPO mini-batch of chunks (its hidden and episode_start), and the action mean
@@ -251,8 +247,7 @@ class RecurrentActorCritic(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(action, next state) for one step of a batch of envs from their entering state, for evaluation."""
         mean, _, state = self.forward_chunks(obs.unsqueeze(1), state, torch.zeros(obs.shape[0], 1))
-        mean = mean[:, 0]
+        out = mean[:, 0]
         if deterministic:
-            return mean, state
-        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
-        return mean + noise * torch.exp(self.actor_logstd), state
+            return self.dist.mode(out, self.actor_logstd), state
+        return self.dist.sample(out, self.actor_logstd, generator), state

@@ -1,6 +1,6 @@
-"""The actor-critic: a Gaussian MLP policy with state-independent log-std, and an MLP value head, either two MLPs or
-one trunk with two linear heads (`shared_trunk`); and its forward pass in numpy (`PolicyKernel`), which the actors
-run at every env step.
+"""The actor-critic: an MLP policy head with a state-independent spread (a Gaussian's log-std by default; the
+distributions are ppo_ddp/models/distributions.py), and an MLP value head, either two MLPs or one trunk with two
+linear heads (`shared_trunk`). The actors run its forward pass in numpy (ppo_ddp/models/kernels.py).
 
 Initialisation follows CleanRL's ppo_continuous_action: orthogonal weights with gain sqrt(2) in the
 hidden layers, 0.01 on the policy output and 1.0 on the value output, zero biases.
@@ -12,13 +12,15 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ppo_ddp.models.distributions import ActionDistribution, initial_spread
+
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 ACTIVATION_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu}  # the same, as functions
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 PARTS = ("trunk", "critic", "actor_mean")  # ActorCritic's layer containers, in the order _parts returns them
 
 
@@ -44,18 +46,31 @@ def _mlp(n_in: int, hidden: Sequence[int], n_out: int, activation: str, out_gain
     )
 
 
-def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """log N(action; mean, exp(log_std)) summed over action dims, without a Distribution object."""
-    z = (action - mean) * torch.exp(-log_std)
-    return (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
+class ActionHead(nn.Module):
+    """What both networks share about their actions: the distribution's kind, the state-independent spread
+    `actor_logstd` [A], and the action space's bounds as buffers action_center and action_half (None without
+    bounds), which move with .to(device) and stay out of state_dict, so checkpoints are the same for every
+    distribution."""
+
+    def _init_actions(
+        self, act_dim: int, distribution: str, log_std_init: float, bounds: Optional[tuple[np.ndarray, np.ndarray]]
+    ) -> None:
+        self.distribution = distribution
+        self.actor_logstd = nn.Parameter(torch.full((act_dim,), initial_spread(distribution, log_std_init)))
+        center = half = None
+        if bounds is not None:
+            low, high = (torch.as_tensor(np.asarray(b, dtype=np.float32)) for b in bounds)
+            center, half = (high + low) / 2, (high - low) / 2
+        self.register_buffer("action_center", center, persistent=False)
+        self.register_buffer("action_half", half, persistent=False)
+
+    @property
+    def dist(self) -> ActionDistribution:
+        """The action distribution over the bounds this model holds (models/distributions.py)."""
+        return ActionDistribution(self.distribution, self.action_center, self.action_half)
 
 
-def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
-    """Entropy of the diagonal Gaussian, summed over action dims (independent of the mean)."""
-    return (log_std + 0.5 + LOG_SQRT_2PI).sum(-1)
-
-
-class ActorCritic(nn.Module):
+class ActorCritic(ActionHead):
     """The policy's mean, the value and the log-std. Two MLPs of hidden_sizes (`critic`, `actor_mean`), or with
     shared_trunk one MLP body (`trunk`) whose features feed two linear heads (`actor_mean`, `critic`): rl_games'
     `separate: False`, half the arithmetic of a round for the same widths, the value loss shaping the policy's
@@ -66,7 +81,10 @@ class ActorCritic(nn.Module):
 
     The nn.Sequential containers hold the layers (their names are the checkpoints' keys); the forward is
     `_mlp_forward` on the layers' tensors, so that the PPO step can run the same forward on views of its flat
-    parameter (`evaluate(..., params=)`) without swapping the module's parameters."""
+    parameter (`evaluate(..., params=)`) without swapping the module's parameters.
+
+    `distribution` (Config.distribution) says what `actor_mean`'s output and `actor_logstd` mean; a bounded one
+    needs the action space's `bounds` (low, high), which the model keeps as buffers outside its state_dict."""
 
     def __init__(
         self,
@@ -77,6 +95,8 @@ class ActorCritic(nn.Module):
         log_std_init: float = 0.0,
         shared_trunk: bool = False,
         critic_dim: int = 0,
+        distribution: str = "gaussian",
+        bounds: Optional[tuple[np.ndarray, np.ndarray]] = None,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -90,7 +110,7 @@ class ActorCritic(nn.Module):
         heads_in, head_hidden = (hidden_sizes[-1], ()) if shared_trunk else (obs_dim, hidden_sizes)
         self.critic = _mlp(critic_dim or heads_in, head_hidden, 1, activation, out_gain=1.0)
         self.actor_mean = _mlp(heads_in, head_hidden, act_dim, activation, out_gain=0.01)
-        self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+        self._init_actions(act_dim, distribution, log_std_init, bounds)
         # where each part's tensors are in model.parameters() order, the order of every flat copy (flat_views)
         names = [name for name, _ in self.named_parameters()]
         self._log_std_at = names.index("actor_logstd")
@@ -124,11 +144,10 @@ class ActorCritic(nn.Module):
     def sample(
         self, obs: torch.Tensor, generator: torch.Generator | None = None, critic_obs: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(raw Normal sample, its log-prob, value) for a batch of normalised observations."""
-        log_std, mean, value = self._heads(obs, None, critic_obs)
-        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
-        action = mean + noise * torch.exp(log_std)
-        return action, gaussian_log_prob(mean, log_std, action), value
+        """(sampled action as stored, its log-prob, value) for a batch of normalised observations."""
+        spread, out, value = self._heads(obs, None, critic_obs)
+        action = self.dist.sample(out, spread, generator)
+        return action, self.dist.log_prob(out, spread, action), value
 
     def initial_state(self, n: int) -> None:
         """The memory of n envs at their episodes' start: an MLP has none (RecurrentActorCritic's is zeros)."""
@@ -139,11 +158,10 @@ class ActorCritic(nn.Module):
     ) -> tuple[torch.Tensor, None]:
         """(the action for a batch of normalised observations: the mean, or a sample; the next state) for evaluation;
         the same interface as RecurrentActorCritic.act, so an episode loop serves both."""
-        mean = self.action_mean(obs)
+        out = self.action_mean(obs)
         if deterministic:
-            return mean, None
-        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
-        return mean + noise * torch.exp(self.actor_logstd), None  # sample()'s draw, without valuing
+            return self.dist.mode(out, self.actor_logstd), None
+        return self.dist.sample(out, self.actor_logstd, generator), None  # sample()'s draw, without valuing
 
     def evaluate_minibatch(self, mb, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """evaluate() on a PPO mini-batch (ppo_ddp/algorithm/ppo_step.py's Minibatch), and the action mean [B, A] as its
@@ -160,15 +178,16 @@ class ActorCritic(nn.Module):
         """(log-prob of action, entropy, value) for the PPO loss, under the model's parameters or under `params`
         (tensors shaped as model.parameters() and in its order: the PPO step's views of its flat parameter).
 
-        The std does not depend on the observation, so neither does the entropy: it comes back as one number
-        (a 0-dim tensor) that holds for every sample, not as a [B] vector of copies of it.
+        The entropy comes back as one number (a 0-dim tensor): the Gaussian's, whose std does not depend on the
+        observation, holds for every sample; the bounded distributions' is the batch's mean.
         """
         return self._evaluate(obs, action, params, critic_obs)[:3]
 
     def _evaluate(self, obs, action, params: Optional[Sequence[torch.Tensor]], critic_obs=None) -> tuple:
-        """(log-prob, entropy, value, action mean)."""
-        log_std, mean, value = self._heads(obs, params, critic_obs)
-        return gaussian_log_prob(mean, log_std, action), gaussian_entropy(log_std), value, mean
+        """(log-prob, entropy, value, the policy head's output: the action mean of a Gaussian)."""
+        spread, out, value = self._heads(obs, params, critic_obs)
+        dist = self.dist
+        return dist.log_prob(out, spread, action), dist.entropy(out, spread, action), value, out
 
 
 def _mlp_forward(x: torch.Tensor, tensors: Sequence[torch.Tensor], activation, last: bool = False) -> torch.Tensor:

@@ -87,7 +87,7 @@ class Checkpointer:
     @functools.cached_property
     def envs_capturable(self) -> bool:
         """Whether the run's envs' state can be captured (ppo_ddp/envs/state.py), checked once on a probe env."""
-        probe = make_env(self.cfg.env_id)
+        probe = make_env(self.cfg.env_id, **self.cfg.env_kwargs)
         try:
             return capturable(probe)
         finally:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import yaml
 
 from ppo_ddp.configuration.config import Config, config_to_dict
-from ppo_ddp.configuration.loading import load_config
+from ppo_ddp.configuration.loading import load_config, with_resolved_env_kwargs
 from ppo_ddp.configuration.topology import TrainingTopology
 from ppo_ddp.configuration.validation import validate
 from ppo_ddp.distributed import process_group as D
@@ -52,7 +52,7 @@ def train(config: Union[Config, str, None] = None, **fields: Any) -> Path:
     import the script again. Raises ConfigError (or CheckpointError) for bad input, RunFailed when training failed,
     Stopped when a signal (Ctrl-C) stopped it after saving (its .checkpoint says where)."""
     if isinstance(config, Config):
-        cfg = dataclasses.replace(config, **fields)
+        cfg = with_resolved_env_kwargs(dataclasses.replace(config, **fields))
         validate(cfg)
     else:
         cfg = load_config(config, **fields)

@@ -62,17 +62,18 @@ class Trainer:
 
     def __init__(self, cfg: Config, ctx: D.DistContext, stop: StopRequests, actors: int) -> None:
         self.cfg, self.ctx, self.stop, self.actors = cfg, ctx, stop, actors
-        probe = make_env(cfg.env_id)
+        probe = make_env(cfg.env_id, **cfg.env_kwargs)
         obs_shape = probe.observation_space.shape
         obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(probe.action_space.shape))
         critic_dim = critic_obs_dim(probe, cfg.critic_obs) if cfg.critic_obs is not None else 0
+        bounds = (probe.action_space.low, probe.action_space.high)
         probe.close()
         self.obs_shapes = (obs_shape, (critic_dim,))  # the policy's and the critic's own (none: 0 entries)
         if ctx.device.type == "cpu":
             threads = cpu_learner_threads(cfg.learner_threads, ctx.local_world_size, actors if cfg.overlap else 0)
             torch.set_num_threads(threads)
         torch.manual_seed(cfg.seed)
-        self.model = make_model(cfg, obs_dim, act_dim, critic_dim).to(ctx.device)
+        self.model = make_model(cfg, obs_dim, act_dim, critic_dim, bounds).to(ctx.device)
         C.broadcast_parameters(ctx, self.model)
         self.learner = Learner(cfg, self.model, ctx.device, functools.partial(C.average_, ctx))
         self.restart_count, self.elastic_id = elastic_restart()

@@ -18,11 +18,10 @@ from ppo_ddp.algorithm.gae import compute_gae
 from ppo_ddp.configuration.config import Config
 from ppo_ddp.envs.group import EnvFailure, make_env_group
 from ppo_ddp.envs.make import env_seed, make_env
-from ppo_ddp.models.actions import prepare_action
+from ppo_ddp.models.actions import ActionSampler
 from ppo_ddp.models.factory import make_model
 from ppo_ddp.models.flat import read_flat_parameters
 from ppo_ddp.models.kernels import make_kernel
-from ppo_ddp.models.mlp import LOG_SQRT_2PI
 from ppo_ddp.models.normalization import DiscountedReturn, Moments, compute_batch_moments, normalize_obs, scale_reward
 from ppo_ddp.storage.shared import SharedBuffers
 
@@ -96,7 +95,8 @@ class Actor:
                 f"buffer holds [T={spec.rollout_length}, E={spec.envs_per_actor}], config asks for [T={T}, E={E}]"
             )
         Dc = spec.critic_dim
-        self.envs = make_env_group([make_env(cfg.env_id) for _ in range(E)], cfg.batch_envs, cfg.critic_obs)
+        envs = [make_env(cfg.env_id, **cfg.env_kwargs) for _ in range(E)]
+        self.envs = make_env_group(envs, cfg.batch_envs, cfg.critic_obs)
         space = self.envs.envs[0].action_space
         obs_shape = self.envs.envs[0].observation_space.shape
         if obs_shape != (D,) or space.shape != (spec.act_dim,):
@@ -106,9 +106,10 @@ class Actor:
             )
         self.action_low = np.asarray(space.low, dtype=np.float32)
         self.action_high = np.asarray(space.high, dtype=np.float32)
-        self.model = make_model(cfg, D, spec.act_dim, Dc)
+        self.model = make_model(cfg, D, spec.act_dim, Dc, (self.action_low, self.action_high))
         self.model.requires_grad_(False)
         self.kernel = make_kernel(self.model, cfg.activation)
+        self.actions = ActionSampler(self.model, self.action_low, self.action_high, T, E)
         # A GRU's memory of each env (None for an MLP): zeroed when the env's episode ends, carried across rounds;
         # `starting` marks the envs whose current observation is the first of an episode (all, after the first reset)
         self.state = np.zeros((E, spec.rnn_hidden), dtype=np.float32) if spec.rnn_hidden else None
@@ -178,14 +179,15 @@ class Actor:
         obs_rms, ret_rms, critic_rms = self._load_round()
         if not self.started:
             self._first_reset()
-        noise, std = self._draw_noise()
+        self.actions.start_round(self.generator, self.out["logp"])
         self.terminated.fill(False)
         self.truncated.fill(False)
         episodes: list[tuple[float, int]] = []  # (return, length) of the episodes that ended
         finals: list[Final] = []
         for t in range(self.cfg.rollout_length):
-            env_action = self._act(t, obs_rms, critic_rms, noise[t], std)
+            env_action = self._act(t, obs_rms, critic_rms)
             self._step_envs(t, env_action, round_k, episodes, finals)
+        self.actions.end_round(self.out["actions"], self.out["logp"])
         self._bootstrap_values(obs_rms, critic_rms, finals)
         return_moments = self._advantages(ret_rms)
         T, E = self.cfg.rollout_length, len(self.envs)
@@ -252,19 +254,8 @@ class Actor:
             return None, (stats.ret if cfg.normalize_reward else None), None
         return stats.obs, (stats.ret if cfg.normalize_reward else None), stats.critic
 
-    def _draw_noise(self) -> tuple[np.ndarray, np.ndarray]:
-        """The round's Gaussian noise in one draw, and the log-probs of the actions it makes: the policy's std is
-        state-independent, so log p(mean + noise * std) = sum(-noise^2 / 2 - log_std - log sqrt(2 pi))."""
-        log_std = self.model.actor_logstd.numpy().astype(np.float32)
-        std = np.exp(log_std)
-        noise = torch.randn((self.cfg.rollout_length, len(self.envs), log_std.size), generator=self.generator).numpy()
-        self.out["logp"][:] = (-0.5 * noise * noise - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
-        return noise, std
-
-    def _act(
-        self, t: int, obs_rms: Optional[Moments], critic_rms: Optional[Moments], noise: np.ndarray, std: np.ndarray
-    ) -> np.ndarray:
-        """Observation, value and action of step t into the rollout; returns the actions clipped for the envs."""
+    def _act(self, t: int, obs_rms: Optional[Moments], critic_rms: Optional[Moments]) -> np.ndarray:
+        """Observation, value and action of step t into the rollout; returns the actions the envs get."""
         obs_t = normalize_obs(self.raw[t], obs_rms, self.cfg.obs_clip, out=self.out["obs"][t])
         critic_t = None
         if self.raw_critic is not None:
@@ -273,11 +264,8 @@ class Actor:
             if t % self.buffers.spec.seq_length == 0:
                 self.out["hidden"][t // self.buffers.spec.seq_length] = self.state
             self.out["episode_start"][t] = self.starting
-        mean, self.out["values"][t], self.state = self.kernel.step(obs_t, self.state, critic_t)
-        action = self.out["actions"][t]
-        np.multiply(noise, std, out=action)
-        action += mean
-        return prepare_action(action, self.action_low, self.action_high)[1]
+        out, self.out["values"][t], self.state = self.kernel.step(obs_t, self.state, critic_t)
+        return self.actions.act(t, out, self.out["actions"][t])
 
     def _step_envs(
         self, t: int, env_action: np.ndarray, round_k: int, episodes: list[tuple[float, int]], finals: list[Final]

@@ -48,7 +48,7 @@ def round_memory(spec: BufferSpec, learners_on_node: int) -> RoundMemory:
     actor = (
         8 * (spec.rollout_length + 1) * spec.envs_per_actor * spec.obs_dim  # raw observations, float64
         + 10 * samples  # rewards (float64) and the two flags
-        + 4 * samples * spec.act_dim  # the round's action noise, float32
+        + 8 * samples * spec.act_dim  # the round's action noise and a bounded distribution's outputs, float32
         + ENV_RESIDENT_BYTES * spec.envs_per_actor
     )
     shuffled = (

@@ -38,6 +38,7 @@ from ppo_ddp.configuration.presets import config_file, find_preset
 from ppo_ddp.configuration.topology import resolve_actors_per_learner
 from ppo_ddp.configuration.validation import validate
 from ppo_ddp.envs.make import env_problem
+from ppo_ddp.envs.options import resolve_env_kwargs
 from ppo_ddp.errors import ConfigError
 
 TOP_KEYS = ("base", "envs", "fixed", "eval_every_steps", "final_evals", "pruner", "sampler", "params", "enqueue")
@@ -184,8 +185,8 @@ def _parse(doc: Any, source: str, check_env: bool, base_values: Optional[dict]) 
     for key in ("envs", "params"):
         if key not in doc:
             raise ConfigError(f"{key}: missing")
-    envs = _envs(doc["envs"], check_env)
     fixed = _fixed(doc.get("fixed") or {})
+    envs = _envs(doc["envs"], check_env, fixed.get("env_kwargs") or {})
     if base_values is None:
         base_values = _base_values(doc.get("base"), envs, fixed.get("policy", "mlp"))
     if not (_number(doc.get("eval_every_steps"), integer=True) and doc["eval_every_steps"] > 0):
@@ -233,13 +234,13 @@ def _base_values(base: Any, envs: dict[str, float], policy: str) -> dict[str, di
     return {env_id: load_yaml_defaults(path) if path else {} for env_id, path in own.items()}
 
 
-def _envs(envs: Any, check_env: bool) -> dict[str, float]:
+def _envs(envs: Any, check_env: bool, env_kwargs: dict[str, Any]) -> dict[str, float]:
     if not isinstance(envs, dict) or not envs:
         raise ConfigError("envs: must map one or more env ids to their target score (e.g. HalfCheetah-v5: 3000)")
     for env_id, target in envs.items():
         if not (_number(target) and target > 0):
             raise ConfigError(f"envs.{env_id}={target!r}: the target score must be a number > 0")
-        problem = env_problem(str(env_id)) if check_env else None
+        problem = env_problem(str(env_id), resolve_env_kwargs(env_kwargs)) if check_env else None
         if problem is not None:
             raise ConfigError(f"env_id={str(env_id)!r}: {problem}")
     return {str(k): float(v) for k, v in envs.items()}
@@ -278,6 +279,8 @@ def _counts(where: str, values: Any, keys: tuple[str, ...]) -> dict[str, int]:
 
 def _dist(name: Any, spec: Any, starts: list[dict[str, Any]], fixed: dict[str, Any]) -> Dist:
     where = f"params.{_tunable('params', name)}"
+    if name == "env_kwargs":  # optuna's categorical choices are plain values
+        raise ConfigError(f"{where}: not searched; set it in fixed (the same options for every trial)")
     if name in fixed:
         raise ConfigError(f"{where}: also in fixed; a field is either fixed or searched")
     if not isinstance(spec, dict) or spec.get("type") not in DIST_KEYS:

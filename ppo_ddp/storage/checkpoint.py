@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ppo_ddp.configuration.config import Config
+from ppo_ddp.envs.options import plain
 from ppo_ddp.errors import CheckpointError, ConfigError
 
 REQUIRED_KEYS = ("actor", "obs_rms_state")
@@ -109,9 +110,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return payload
 
 
-# The Config fields that shape the network's parameters: a resume across any of them cannot load the tensors.
+# The Config fields that shape the network's parameters, or what they mean (activation, distribution): a resume
+# across any of them cannot continue the policy.
 NETWORK_FIELDS = (
     "policy",
+    "distribution",
     "hidden_sizes",
     "activation",
     "shared_trunk",
@@ -155,10 +158,18 @@ def check_compatible(
             f"act {state.get('act_dim')}), this run is {cfg.env_id} (obs {obs_dim}, act {act_dim})"
         )
     saved = state.get("config") or {}
+    if plain(saved.get("env_kwargs", {})) != plain(cfg.env_kwargs):  # another robot, or the same one otherwise
+        raise ConfigError(
+            f"resume={str(path)!r}: checkpoint's env_kwargs are {plain(saved.get('env_kwargs', {}))}, this run's "
+            f"are {plain(cfg.env_kwargs)}"
+        )
     own = model.state_dict()
     theirs = state["actor"]
     shapes_differ = set(own) != set(theirs) or any(tuple(theirs[k].shape) != tuple(own[k].shape) for k in own)
-    if shapes_differ or saved.get("activation", cfg.activation) != cfg.activation:
+    # the same tensors computing something else; a checkpoint older than `distribution` ran a Gaussian
+    meaning_differs = saved.get("activation", cfg.activation) != cfg.activation
+    meaning_differs |= saved.get("distribution", "gaussian") != cfg.distribution
+    if shapes_differ or meaning_differs:
         theirs_net, own_net = _network_fields(saved, cfg)
         raise ConfigError(
             f"resume={str(path)!r}: checkpoint's network is {_network(theirs_net)}, this run's is {_network(own_net)}"
