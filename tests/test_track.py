@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_train import SMALL, read_csv, run
 
-from ppo_ddp.configuration import config as config_module
+from ppo_ddp.configuration import validation as validation_module
 from ppo_ddp.configuration.loading import parse_config
 
 wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2", reason="wandb: pip install -e '.[track]'")
@@ -121,8 +121,9 @@ def test_tensorboard_hparams_hold_the_config_and_the_compared_metrics(tracked):
 
 @pytest.mark.parametrize(("flag", "module"), [("--track", "wandb"), ("--capture-video", "moviepy")])
 def test_an_optional_package_missing_is_one_line_with_the_pip_command(flag, module, monkeypatch, capsys):
-    real = config_module.importlib.util.find_spec
-    monkeypatch.setattr(config_module.importlib.util, "find_spec", lambda name: None if name == module else real(name))
+    real = validation_module.importlib.util.find_spec
+    missing = lambda name: None if name == module else real(name)  # noqa: E731
+    monkeypatch.setattr(validation_module.importlib.util, "find_spec", missing)
     with pytest.raises(SystemExit) as exit_:
         parse_config([flag, "--eval-interval", "5"], check_env=False)
     assert exit_.value.code == 2
