@@ -13,78 +13,28 @@ import shlex
 from pathlib import Path
 
 import numpy as np
+from distribution_table import distribution_table
 from published import REFERENCE, REFERENCE_10M, REFERENCE_DMC
+from returns_rows import (
+    BENCHMARK_SEEDS,
+    OVERLAP_FLAGS,
+    PARTIAL_PREFIX,
+    ROOT,
+    cell,
+    gym_1m_rows,
+    is_distribution,
+    is_dmc,
+    is_overlap,
+    is_partial,
+    is_scale,
+    mean_std,
+    own_shape,
+    row_key,
+    shape_flags,
+)
 from seed_intervals import COMPARED, ten_seed_table
 
 from ppo_ddp.plot import plot_curves
-
-ROOT = Path(__file__).resolve().parent.parent
-PARTIAL_PREFIX = "ppo_ddp/"  # the partly observed envs' gymnasium namespace
-DMC_PREFIX = "dm_control/"  # the DeepMind Control Suite through shimmy (the dmc extra)
-
-BENCHMARK_SEEDS = ("1", "2", "3")  # the 1M table's seeds: other seeds of older rows stay in returns.csv
-
-
-def row_key(row: dict) -> tuple[str, str, str, str, str, str]:
-    """What a row is a run of: env, seed, world size, preset, sync mode (rows written before sync modes existed are
-    of "params") and the extra train.py flags."""
-    sync = row.get("sync_mode") or "params"
-    return (row["env"], str(row["seed"]), str(row["world_size"]), row["config"], sync, row["extra_args"])
-
-
-def shape_flags(extra_args: str) -> list[str]:
-    """The extra flags that change what a run computes: all but --actor-timeout, which only bounds a wait."""
-    out: list[str] = []
-    skip = False
-    for flag in shlex.split(extra_args):
-        if skip:
-            skip = False
-        elif flag == "--actor-timeout":
-            skip = True
-        elif not flag.startswith("--actor-timeout="):
-            out.append(flag)
-    return out
-
-
-def mean_std(values: list[float]) -> str:
-    """Mean ± std over seeds; one seed has no spread to show."""
-    if not values:
-        return "—"
-    digits = 1 if max(abs(v) for v in values) < 100 else 0  # Reacher's -4.5 and Pusher's -28.2, not -4 and -28
-    one = f"{values[0]:.{digits}f}"
-    return one if len(values) == 1 else f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
-
-
-def own_shape(row: dict[str, str]) -> bool:
-    """A run of the preset as it is (no flags that change what it computes)."""
-    return not shape_flags(row["extra_args"])
-
-
-def is_scale(row: dict[str, str]) -> bool:
-    return row["config"].startswith("ppo_ddp/configs/scale/")
-
-
-def is_dmc(row: dict[str, str]) -> bool:
-    """A run on a DeepMind Control Suite task (dm_control/<domain>-<task>-v0, MuJoCo 3.17.0)."""
-    return row["env"].startswith(DMC_PREFIX)
-
-
-def is_partial(row: dict[str, str]) -> bool:
-    """A run on a partly observed env (its velocities hidden: ppo_ddp/envs/partial.py)."""
-    return row["env"].startswith(PARTIAL_PREFIX)
-
-
-OVERLAP_FLAGS = ("--overlap", "--overlap --lag-objective decoupled")
-"""The extra flags of the overlapped-rounds A/B (issue 44): each against the preset's own sync rows."""
-
-
-def is_overlap(row: dict[str, str]) -> bool:
-    return " ".join(shape_flags(row["extra_args"])) in OVERLAP_FLAGS
-
-
-def gym_1m_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The rows of the 1M tables: gymnasium's fully observed MuJoCo envs, not the 10M presets."""
-    return [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
 
 
 def _setting(row: dict[str, str], field: str) -> str:
@@ -108,23 +58,13 @@ def _critic(row: dict[str, str]) -> str:
     return f"`info[{key!r}]`" if key not in ("", "None") else "the policy's"
 
 
-def _cell(rows: list[dict[str, str]], full_steps: int) -> str:
-    vals = [float(r["eval_mean"]) for r in rows]
-    steps = {int(r["total_steps"]) for r in rows}
-    note = f" ({len(vals)})" if vals else ""
-    if steps and max(steps) < full_steps:
-        note += f" at {max(steps):,} steps"
-    inexact = sum(r.get("resumed") == "yes" and r.get("resume_exact") != "yes" for r in rows)
-    return mean_std(vals) + note + (f" †{inexact}" if inexact else "")
-
-
-def _preset_cell(rows: list[dict[str, str]]) -> str:
+def _presetcell(rows: list[dict[str, str]]) -> str:
     """The preset as it is; runs with flags that change it only where there is none, and then with their flags."""
     own = [r for r in rows if own_shape(r)]
     if own or not rows:
-        return _cell(own, 10**6)
+        return cell(own, 10**6)
     flags = sorted({" ".join(shape_flags(r["extra_args"])) for r in rows})
-    return _cell(rows, 10**6) + f" with `{'`, `'.join(flags)}`"
+    return cell(rows, 10**6) + f" with `{'`, `'.join(flags)}`"
 
 
 def one_learner_rows(small: list[dict[str, str]], env_id: str) -> tuple[list[dict[str, str]], bool]:
@@ -164,15 +104,16 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     ]
     for env_id, (figure, source) in REFERENCE.items():
         chosen, exact = one_learner_rows(small, env_id)
-        one = _cell(chosen, 10**6) if exact else _preset_cell(chosen)
+        one = cell(chosen, 10**6) if exact else _presetcell(chosen)
         commits = ", ".join(sorted({r["commit"] for r in chosen})) or "—"
         mine = [r for r in small if r["env"] == env_id and row_key(r)[4] == "params"]
-        two = _preset_cell([r for r in mine if r["world_size"] == "2"])
+        two = _presetcell([r for r in mine if r["world_size"] == "2"])
         lines.append(f"| {env_id} | {one} | {figure} | {source} | {commits} | {two} |")
     lines += ["", "![learning curves](returns.png)", ""]
     lines += ten_seed_table(small, {env: float(REFERENCE[env][0].split(" ±")[0]) for env in COMPARED})
     lines += _overlap_table(small)
-    lines += _world_size_table([r for r in small if not is_overlap(r)])
+    lines += distribution_table(small)
+    lines += _world_size_table([r for r in small if not is_overlap(r) and not is_distribution(r)])
     lines += _scale_table([r for r in rows if is_scale(r)])
     lines += _partial_table(rows)
     lines += _dmc_table([r for r in rows if is_dmc(r) and not is_scale(r) and int(r["world_size"]) == 1])
@@ -202,10 +143,10 @@ def _overlap_table(rows: list[dict[str, str]]) -> list[str]:
         columns = [[r for r in mine if not r["extra_args"]]]
         columns += [[r for r in mine if " ".join(shape_flags(r["extra_args"])) == f] for f in OVERLAP_FLAGS]
         base = np.mean([float(r["eval_mean"]) for r in columns[0]]) if columns[0] else math.nan
-        cells = [_cell(columns[0], 10**6)]
+        cells = [cell(columns[0], 10**6)]
         for got in columns[1:]:
             mean = np.mean([float(r["eval_mean"]) for r in got]) if got else math.nan
-            cells += [_cell(got, 10**6), f"{mean / base:.2f}" if got and columns[0] else "—"]
+            cells += [cell(got, 10**6), f"{mean / base:.2f}" if got and columns[0] else "—"]
         commits = ", ".join(sorted({r["commit"] for column in columns for r in column}))
         lines.append(f"| {env_id} | {' | '.join(cells)} | {commits} |")
     return lines + _more_seeds(rows) + ["", "![overlapped rounds](overlap.png)", ""]
@@ -225,7 +166,7 @@ def _more_seeds(rows: list[dict[str, str]]) -> list[str]:
         means = [np.mean([float(r["eval_mean"]) for r in column]) for column in got]
         seed_list = ", ".join(sorted(seeds, key=int))
         lines.append(
-            f"| {env_id}, seeds {seed_list} | {_cell(got[0], 10**6)} | {_cell(got[1], 10**6)} | "
+            f"| {env_id}, seeds {seed_list} | {cell(got[0], 10**6)} | {cell(got[1], 10**6)} | "
             f"{means[1] / means[0]:.2f} | — | — | {', '.join(sorted({r['commit'] for c in got for r in c}))} |"
         )
     return lines
@@ -254,7 +195,7 @@ def _world_size_table(rows: list[dict[str, str]]) -> list[str]:
         for world, mode, flags in shapes:
             got = [r for r in mine if (int(r["world_size"]), row_key(r)[4], r["extra_args"]) == (world, mode, flags)]
             ratio = np.mean([float(r["eval_mean"]) for r in got]) / np.mean(base) if base else math.nan
-            lines.append(f"| {env_id} | {world}, {mode} | `{flags}` | {_cell(got, 10**6)} | {ratio:.2f} |")
+            lines.append(f"| {env_id} | {world}, {mode} | `{flags}` | {cell(got, 10**6)} | {ratio:.2f} |")
     return lines + ["", "![world sizes](world_sizes.png)", ""]
 
 
@@ -281,7 +222,7 @@ def _scale_table(rows: list[dict[str, str]]) -> list[str]:
             for r in mine
         )
         refs = REFERENCE_10M.get(env_id, ("—", "—", "—"))
-        lines.append(f"| {env_id} | {_cell(mine, 10**7)} | {per_seed} | {' | '.join(refs)} |")
+        lines.append(f"| {env_id} | {cell(mine, 10**7)} | {per_seed} | {' | '.join(refs)} |")
     return lines + ["", "![10M-step learning curves](returns_10m.png)", ""]
 
 
@@ -318,7 +259,7 @@ def _partial_table(rows: list[dict[str, str]]) -> list[str]:
         for config, flags in sorted({(r["config"], r["extra_args"]) for r in mine if r["env"] == env_id}):
             got = [r for r in mine if (r["env"], r["config"], r["extra_args"]) == (env_id, config, flags)]
             where = f"{config} `{flags}`" if flags else config
-            cells = [env_id, _policy(got[0]), _critic(got[0]), where, _cell(got, 10**6), mean_std(full)]
+            cells = [env_id, _policy(got[0]), _critic(got[0]), where, cell(got, 10**6), mean_std(full)]
             lines.append(f"| {' | '.join(cells)} |")
     return lines + ["", "![partly observed envs](returns_partial.png)", ""]
 
@@ -345,7 +286,7 @@ def _dmc_table(rows: list[dict[str, str]]) -> list[str]:
             train = mean_std([float(r["train_return_last10pct"]) for r in got])
             versions = ", ".join(sorted({r.get("mujoco") or "—" for r in got}))
             ref = REFERENCE_DMC.get(env_id, "—")
-            lines.append(f"| {env_id} | {where} | {ref} | {_cell(got, 10**6)} | {train} | {versions} |")
+            lines.append(f"| {env_id} | {where} | {ref} | {cell(got, 10**6)} | {train} | {versions} |")
     return lines + ["", "![DeepMind Control Suite learning curves](returns_dmc.png)", ""]
 
 
@@ -370,7 +311,7 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     worlds = [
         (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(shape_flags(r['extra_args']))}".strip(), r)
         for r in rows
-        if not is_scale(r) and r["env"] in envs and not is_overlap(r)
+        if not is_scale(r) and r["env"] in envs and not is_overlap(r) and not is_distribution(r)
     ]
     overlap_envs = {r["env"] for r in small if is_overlap(r)}
     ab = [r for r in small if r["env"] in overlap_envs and r["world_size"] == "1" and r["seed"] in BENCHMARK_SEEDS]

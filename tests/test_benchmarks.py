@@ -261,6 +261,25 @@ def test_the_partly_observed_rows_get_their_own_table(tmp_path, monkeypatch):
     assert "NoVel" not in main_table and "| Hopper-v5 |" in main_table
 
 
+def test_the_bounded_distributions_get_their_own_table_and_stay_out_of_the_others(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from returns_tables import write_table
+
+    def row(seed, mean, extra="", world="1"):
+        return {"env": "Hopper-v5", "seed": str(seed), "world_size": world, "total_steps": "1001472",
+                "eval_mean": str(mean), "config": "ppo_ddp/configs/hopper.yaml", "extra_args": extra,
+                "sync_mode": "params", "commit": "abc1234"}  # fmt: skip
+
+    rows = [row(s, 3000 + 100 * s) for s in range(1, 6)] + [row(1, 2900, world="2")]  # seeds 1-5 of the Gaussian
+    rows += [row(s, 2800 + 100 * s, "--distribution beta") for s in (1, 2, 3, 4)]
+    write_table(tmp_path / "returns.md", rows)
+    text = (tmp_path / "returns.md").read_text()
+    section = text.split("## Bounded action distributions")[1].split("## ")[0]
+    # seeds 1-3: 3200 against 3000; ten-seed means over the seeds each has; tanh_gaussian has no rows yet
+    assert "| Hopper-v5 | 3200 ± 82 (3) | 3000 ± 82 (3) | 0.94 | — | — | 3300 (5), 3050 (4), — | abc1234 |" in section
+    assert "--distribution" not in text.split("## World sizes")[1]  # the world-size table: the preset's own runs
+
+
 def test_the_1m_table_has_every_mujoco_env_on_its_preset_seeds_1_to_3(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     from published import REFERENCE
