@@ -7,7 +7,9 @@
 2. The pool: `ActorPool.collect` only (no learning, fixed weights, frozen non-trivial statistics so the
    normalisation path runs) for actors_per_gpu in {1, 2} x envs_per_actor in {1, 4, 8, 16}; the rate is the
    env steps of the timed rounds over their wall time (start-up and one warm-up round excluded). `--batch-envs on
-   off` runs each shape with MuJoCo's batch stepping (Config.batch_envs, the default) and with gymnasium's step.
+   off` runs each shape with MuJoCo's batch stepping (Config.batch_envs, the default) and with gymnasium's step;
+   `--distributions gaussian beta tanh_gaussian` each shape with each action distribution (Config.distribution),
+   its rate also over the Gaussian's of the same shape (`/gaussian`): what a bounded distribution costs the actors.
 
 Prints a table and, as its last line, `ratio <best pool rate / limit>`. The limit is measured before and
 after the pool runs and the larger value is used, so drift of a shared machine cannot flatter the ratio.
@@ -81,12 +83,15 @@ def side_by_side(processes: int, fn: Callable[..., Any], *args: Any) -> list[Any
         os.environ.update(saved)
 
 
-def pool_rate(cfg: Config, obs_dim: int, act_dim: int, seconds: float, checkpoint: Path | None = None):
+def pool_rate(
+    cfg: Config, obs_dim: int, act_dim: int, seconds: float, checkpoint: Path | None = None, bounds: Any = None
+):
     """(env steps per second, rounds, mean round seconds) of collect() alone. The policy is a fresh one with the
     statistics of its warm-up round, or a checkpoint's policy with its statistics (the states a trained policy
-    visits, which may cost the env more or less per step)."""
+    visits, which may cost the env more or less per step). bounds: the action space's (low, high), for a bounded
+    distribution."""
     torch.manual_seed(cfg.seed)
-    model = make_model(cfg, obs_dim, act_dim)
+    model = make_model(cfg, obs_dim, act_dim, 0, bounds)
     with ActorPool(
         cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False
     ) as pool:
@@ -124,12 +129,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--batch-envs", nargs="+", choices=["on", "off"], default=["on"], help="Config.batch_envs values, each a row"
     )
+    parser.add_argument(
+        "--distributions", nargs="+", choices=["gaussian", "beta", "tanh_gaussian"], default=["gaussian"],
+        help="Config.distribution values, each a row",
+    )  # fmt: skip
     parser.add_argument("--mp-start-method", default=Config.mp_start_method, choices=["forkserver", "spawn"])
     args = parser.parse_args(argv)
 
     cpus = os.cpu_count() or 1
     probe = make_env(args.env_id)
     obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
+    bounds = (probe.action_space.low, probe.action_space.high)
     probe.close()
     print(
         f"# {args.env_id}: obs_dim {obs_dim}, act_dim {act_dim}; {cpus} CPUs; load average {os.getloadavg()[0]:.2f}; "
@@ -141,25 +151,31 @@ def main(argv: list[str] | None = None) -> None:
     print(f"raw env rate (1 env, 1 process): {before:,.0f} steps/s; limit = x{cpus} = {before * cpus:,.0f}", flush=True)
 
     rows = []
-    print(f"{'actors':>6} {'envs':>4} {'batch':>5} {'rounds':>6} {'round s':>8} {'steps/s':>10} {'/limit':>7}")
+    head = f"{'actors':>6} {'envs':>4} {'batch':>5} {'distribution':>13} {'rounds':>6} {'round s':>8} {'steps/s':>10}"
+    print(f"{head} {'/limit':>7} {'/gaussian':>9}")
     for actors in args.actors:
         for envs in args.envs:
             for batch in args.batch_envs:
-                cfg = Config(
-                    env_id=args.env_id,
-                    actors_per_gpu=actors,
-                    envs_per_actor=envs,
-                    rollout_length=args.rollout_length,
-                    mp_start_method=args.mp_start_method,
-                    batch_envs=batch == "on",
-                )
-                rate, rounds, round_s = pool_rate(cfg, obs_dim, act_dim, args.seconds)
-                rows.append((actors, envs, batch, rate))
-                print(
-                    f"{actors:>6} {envs:>4} {batch:>5} {rounds:>6} {round_s:>8.4f} {rate:>10,.0f} "
-                    f"{rate / (before * cpus):>7.3f}",
-                    flush=True,
-                )
+                gaussian = None
+                for distribution in args.distributions:
+                    cfg = Config(
+                        env_id=args.env_id,
+                        actors_per_gpu=actors,
+                        envs_per_actor=envs,
+                        rollout_length=args.rollout_length,
+                        mp_start_method=args.mp_start_method,
+                        batch_envs=batch == "on",
+                        distribution=distribution,
+                    )
+                    rate, rounds, round_s = pool_rate(cfg, obs_dim, act_dim, args.seconds, bounds=bounds)
+                    gaussian = rate if distribution == "gaussian" else gaussian
+                    rows.append((actors, envs, batch, rate))
+                    versus = f"{rate / gaussian:>9.3f}" if gaussian else f"{'—':>9}"
+                    print(
+                        f"{actors:>6} {envs:>4} {batch:>5} {distribution:>13} {rounds:>6} {round_s:>8.4f} "
+                        f"{rate:>10,.0f} {rate / (before * cpus):>7.3f} {versus}",
+                        flush=True,
+                    )
 
     after = raw_env_rate(args.env_id, args.seconds)
     limit = max(before, after) * cpus
