@@ -116,7 +116,8 @@ class Config:
     bounds_loss_coef: float = 0.0
     """Weight of the squared norm of the Gaussian's mean (averaged over samples) in the loss: rl_games' bounds loss
     of type "regularisation", which keeps the mean of a large network's policy near the action range the env clips
-    actions to (0: no such term)."""
+    actions to (0: no such term). With a bounded distribution it is the policy head's output (tanh_gaussian: the
+    mean before the squashing; beta: the logit of the Beta's position)."""
     target_kl: Optional[float] = None
     """Stop the round's epochs early once the approximate KL exceeds this (None: never)."""
 
