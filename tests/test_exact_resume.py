@@ -67,14 +67,17 @@ def assert_a_stopped_learner_resumes_exactly(tmp_path: Path, *extra: str) -> Non
 
 
 def test_a_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):
-    assert_a_stopped_learner_resumes_exactly(tmp_path, *GRU)
+    # with a Beta policy: its actors seed each round's numpy generator from the noise generator a checkpoint keeps
+    assert_a_stopped_learner_resumes_exactly(tmp_path, *GRU, "--distribution", "beta")
 
 
 def test_a_two_rank_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):
-    # every rank's actors carry their GRU states, episode-start flags and discounted returns (reward scaling on)
-    u = Launch(torchrun(tmp_path, "u", ROUNDS, *GRU), tmp_path, "u", debug=tmp_path / "debug_u")
+    # every rank's actors carry their GRU states, episode-start flags and discounted returns (reward scaling on);
+    # a tanh-squashed Gaussian policy
+    flags = (*GRU, "--distribution", "tanh_gaussian")
+    u = Launch(torchrun(tmp_path, "u", ROUNDS, *flags), tmp_path, "u", debug=tmp_path / "debug_u")
     assert u.wait() == 0, u.output()
-    i = Launch(torchrun(tmp_path, "r", ROUNDS, *GRU), tmp_path, "i", debug=tmp_path / "debug_r")
+    i = Launch(torchrun(tmp_path, "r", ROUNDS, *flags), tmp_path, "i", debug=tmp_path / "debug_r")
     os.kill(i.wait_for_dump(1, 3)["pid"], signal.SIGTERM)
     assert i.wait() == 1, i.output()  # torchrun reports the stopped group
     r = Launch(resume_command(i, torchrun=True), tmp_path, "r", debug=tmp_path / "debug_r")
