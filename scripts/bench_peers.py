@@ -4,6 +4,7 @@ preset (`python train.py --env-id ENV`; Humanoid's `scale/humanoid` too), rl_gam
 
     python scripts/bench_peers.py                                    # 5 envs, seeds 1-3 (SB3: seed 1), 20 min cap
     python scripts/bench_peers.py --envs Hopper-v5 --trainers ppo_ddp rl_games --seeds 1 --cap-minutes 5
+    python scripts/bench_peers.py --skip-done-here                   # continue: only runs without a row of this CPU
     python scripts/bench_peers.py --table                            # the table of the rows so far, no runs
 
 Each run starts from a new process and is timed from there (imports, env creation and compilation included); it
@@ -304,18 +305,22 @@ def main() -> None:
     p.add_argument("--cap-minutes", type=float, default=20.0)
     p.add_argument("--csv", type=Path, default=CSV, help="the rows' file (default: docs/benchmarks/peers.csv)")
     p.add_argument("--table", action="store_true", help="print the table of the rows; no runs")
+    p.add_argument("--skip-done-here", action="store_true", help="skip runs with a row of this CPU: continue a batch")
     args = p.parse_args()
     if not args.table:
-        from benchmark_returns import cpu_model
+        from benchmark_returns import cpu_model, read_rows
 
         if "rl_games" in args.trainers and not PEERS_PYTHON.exists():
             p.error(f"rl_games needs its venv at {PEERS_PYTHON}: see this script's docstring")
         known, cpu = versions(), cpu_model()
+        done = {(r["env"], r["trainer"], r["seed"]) for r in read_rows(args.csv) if r.get("cpu") == cpu}
         for env_id in args.envs:
             runs = [(t, s) for t in args.trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
             if env_id == "Humanoid-v5" and "ppo_ddp" in args.trainers:  # its 10M preset as well
                 runs += [("ppo_ddp scale/humanoid", s) for s in args.seeds]
             for trainer, seed in runs:
+                if args.skip_done_here and (env_id, trainer, str(seed)) in done:
+                    continue
                 row = measure(trainer, env_id, seed, args.cap_minutes * 60)
                 row.update(cpu=cpu, version=known[trainer.split()[0]], date=time.strftime("%Y-%m-%d"))
                 put_row(args.csv, row)
