@@ -69,7 +69,7 @@ LAST_FRAME = textwrap.dedent(
     torch.set_num_threads(1)
     model, obs_rms, cfg = load_policy(sys.argv[1])
     video = iio.imread(sys.argv[2])
-    env = make_video_env(cfg.env_id)
+    env = make_video_env(cfg.env_id, **cfg.env_kwargs)  # the run's frame size and episode limit
     ((_, length),) = play_episodes(env, model, obs_rms, cfg.obs_clip, 1, eval_seed(cfg.seed))
     robot = env.render().astype(np.int16)
     u = env.unwrapped
@@ -84,12 +84,18 @@ LAST_FRAME = textwrap.dedent(
 )
 
 
+# Frames of 240 x 240 (MujocoEnv's width and height) and episodes of at most 120 steps: a software renderer draws
+# gymnasium's default 480 x 480 about 4x slower, and the options reach the evaluator's video env this way.
+VIDEO_OPTIONS = {"width": 240, "height": 240, "max_episode_steps": 120}
+
+
 def train_with_video(tmp_path: Path, gl: str | None, *flags: str):
     from test_train import SMALL
 
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")}
     env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", **({"MUJOCO_GL": gl} if gl else {}))
     args = [*SMALL, "--total-timesteps", "192", "--eval-interval", "2", "--eval-episodes", "2", "--capture-video"]
+    args += ["--env-kwargs", json.dumps(VIDEO_OPTIONS)]
     args += ["--runs-dir", str(tmp_path), "--run-name", "v", *flags]
     cmd = [sys.executable, "train.py", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -124,7 +130,8 @@ def test_capture_video_records_an_evaluation_episode_with_the_robot_in_its_last_
     )  # fmt: skip
     assert check.returncode == 0, check.stderr[-3000:]
     result = json.loads(check.stdout.strip().splitlines()[-1])
-    assert result["frames"] == result["length"] + 1 and result["shape"] == [480, 480, 3], result  # reset + steps
+    assert result["frames"] == result["length"] + 1 and result["shape"] == [240, 240, 3], result  # reset + steps
+    assert result["length"] <= VIDEO_OPTIONS["max_episode_steps"], result
     # where the robot is at the episode's end, the last frame shows the robot, not the floor behind it
     assert result["robot_pixels"] > 0.01 and result["vs_robot"] < result["vs_empty"] / 4, result
     events = EventAccumulator(str(tmp_path / "v"), size_guidance={"images": 0})
