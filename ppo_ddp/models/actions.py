@@ -64,17 +64,13 @@ class ActionSampler:
     def act(self, t: int, out: np.ndarray, action: np.ndarray) -> np.ndarray:
         """Step t's actions [E, A] into `action` (the rollout's row) from the head's output `out`; returns what the
         envs get: the Gaussian's sample clipped to the bounds, a bounded distribution's action itself."""
-        if self.kind == "gaussian":
+        if self.kind != "beta":  # the Normal's sample: the Gaussian's action, tanh_gaussian's before the squashing
             np.multiply(self.noise[t], self.std, out=action)
             action += out
-            return prepare_action(action, self.low, self.high)[1]
+            if self.kind == "gaussian":
+                return prepare_action(action, self.low, self.high)[1]
         self.heads[t] = out
-        if self.kind == "tanh_gaussian":
-            np.multiply(self.noise[t], self.std, out=action)
-            action += out
-            unit = tanh_action(action)
-        else:
-            unit = beta_action(out, self.spread, self.rng)
+        unit = tanh_action(action) if self.kind == "tanh_gaussian" else beta_action(out, self.spread, self.rng)
         np.multiply(unit, self.half, out=action)
         action += self.center
         return action

@@ -158,10 +158,10 @@ def check_compatible(
             f"act {state.get('act_dim')}), this run is {cfg.env_id} (obs {obs_dim}, act {act_dim})"
         )
     saved = state.get("config") or {}
-    if plain(saved.get("env_kwargs", {})) != plain(cfg.env_kwargs):  # another robot, or the same one otherwise
+    theirs_options, own_options = plain(saved.get("env_kwargs", {})), plain(cfg.env_kwargs)
+    if theirs_options != own_options:  # another robot, or the same one otherwise
         raise ConfigError(
-            f"resume={str(path)!r}: checkpoint's env_kwargs are {plain(saved.get('env_kwargs', {}))}, this run's "
-            f"are {plain(cfg.env_kwargs)}"
+            f"resume={str(path)!r}: checkpoint's env_kwargs are {theirs_options}, this run's are {own_options}"
         )
     own = model.state_dict()
     theirs = state["actor"]
