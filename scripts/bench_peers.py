@@ -45,6 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # ppo_ddp and benchmark_returns, for the parent (the workers import neither)
 SCORES = {"HalfCheetah-v5": 5000, "Hopper-v5": 3000, "Walker2d-v5": 3000, "Ant-v5": 3000, "Humanoid-v5": 5000}
+STOP_GRACE = 60.0  # seconds a stopped run may take to end its round and exit
+STOPPED = (0, -signal.SIGTERM, -signal.SIGKILL, 143)  # ended by its budget or by stop(); 143: ppo_ddp's SIGTERM exit
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 CSV = ROOT / "docs" / "benchmarks" / "peers.csv"
 FIELDS = ["env", "trainer", "seed", "score", "reached_steps", "reached_seconds", "end_steps", "end_seconds",
@@ -172,8 +174,14 @@ class Run:
                     self._stamp(int(row["global_step"]), float(row["charts/episodic_return_avg100"] or "nan"))
 
     def stop(self) -> None:
+        """SIGTERM to the run's process group, SIGKILL after a grace period. The peers die at once; ppo_ddp ends its
+        round and unlinks its shared memory (a SIGKILL would leave the block in /dev/shm), after the timing."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # no checkpoint wanted: the run is done with
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.log.close()
 
@@ -209,7 +217,7 @@ def measure(trainer: str, env_id: str, seed: int, cap: float) -> dict:
             run.stop()
         time.sleep(0.3)  # the reader's last points
         reached = reached or next((p for p in run.points if p[2] >= score and p[0] <= cap), None)
-        if run.proc.returncode not in (0, -signal.SIGKILL) and not reached:
+        if run.proc.returncode not in STOPPED and not reached:
             tail = (work / "log.txt").read_text()[-3000:]
             raise SystemExit(f"{trainer} on {env_id} seed {seed} failed (exit {run.proc.returncode}):\n{tail}")
     last = run.points[-1] if run.points else (end_seconds, 0, float("nan"))
@@ -279,17 +287,19 @@ def table(rows: list[dict[str, str]]) -> str:
         for trainer in sorted(mine):
             group = [r for r in rows if r["env"] == env_id and r["trainer"] == trainer]
             ends = ", ".join(f"{float(r['end_return']):.0f}" for r in group)
-            faster = "" if trainer.startswith("ppo_ddp") else speedup(times[trainer], ours)
+            cap = float(group[0]["cap_seconds"])
+            faster = "" if trainer.startswith("ppo_ddp") else speedup(times[trainer], ours, cap)
             seeds = " ".join(r["seed"] for r in group)
             lines.append(f"| {env_id} ({score}) | {trainer} | {seeds} | {cell(times[trainer], group)} | {ends} "
                          f"| {faster} |")  # fmt: skip
     return "\n".join(lines)
 
 
-def speedup(theirs: float, ours: float) -> str:
+def speedup(theirs: float, ours: float, cap: float) -> str:
+    """ppo_ddp's speed-up; where the peer's median is capped, at least the cap over ours."""
     if ours == float("inf"):
         return "—"
-    return f"> {theirs / ours:.1f}x (theirs capped)" if theirs == float("inf") else f"{theirs / ours:.1f}x"
+    return f"> {cap / ours:.1f}x (theirs capped)" if theirs == float("inf") else f"{theirs / ours:.1f}x"
 
 
 def main() -> None:

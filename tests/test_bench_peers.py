@@ -1,0 +1,74 @@
+"""scripts/bench_peers.py, time to score against the peers: a run is timed from its own reports of the training
+return to the first at the score, its row is kept per env, trainer and seed, and the table compares the medians.
+(rl_games runs in a venv of its own, which CI does not build: its worker is the one part not run here.)"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pytest
+
+from ppo_ddp.configuration.loading import load_yaml_defaults
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bench_peers(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_peers
+
+    return bench_peers
+
+
+@pytest.mark.parametrize("trainer", ["ppo_ddp", "sb3"])
+def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(bench_peers, monkeypatch, trainer):
+    # A score any reported return reaches: the run stops at its first report (ppo_ddp's metrics.csv row with a
+    # return over the last 100 episodes; SB3's line after its first rollout), long before its budget or the cap.
+    monkeypatch.setitem(bench_peers.SCORES, "Hopper-v5", 1.0)
+    if trainer == "ppo_ddp":  # the preset's first round, without its compile (~20 s that this test does not need)
+        command = bench_peers.trainer_command
+        monkeypatch.setattr(bench_peers, "trainer_command", lambda *a: ((c := command(*a))[0] + ["--no-compile"], c[1]))
+    blocks = _shared_blocks()
+    row = bench_peers.measure(trainer, "Hopper-v5", 1, cap=600.0)
+    assert row["env"] == "Hopper-v5" and row["trainer"] == trainer and row["score"] == 1.0
+    assert 0 < row["reached_seconds"] <= row["end_seconds"] < 600 and row["cap_seconds"] == 600
+    preset = load_yaml_defaults(ROOT / "ppo_ddp" / "configs" / "hopper.yaml")
+    first = 512 if trainer == "sb3" else preset["actors_per_gpu"] * preset["envs_per_actor"] * preset["rollout_length"]
+    assert row["reached_steps"] % first == 0 and 0 < row["reached_steps"] <= row["end_steps"]
+    assert row["end_return"] >= 1.0
+    assert _shared_blocks() <= blocks  # stopped by SIGTERM: ppo_ddp unlinked its shared memory
+
+
+def _shared_blocks() -> set[str]:
+    """multiprocessing.shared_memory's blocks in /dev/shm (nothing else makes one while a test runs)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}
+
+
+def test_rows_replace_their_own_and_the_table_takes_medians_and_caps(bench_peers, tmp_path):
+    path = tmp_path / "peers.csv"
+
+    def put(trainer, seed, reached_seconds, reached_steps=""):
+        row = dict(env="Hopper-v5", trainer=trainer, seed=seed, score=3000, reached_steps=reached_steps,
+                   reached_seconds=reached_seconds, end_steps=1_000_000, end_seconds=1200, end_return=3100.0,
+                   cap_seconds=1200, cpu="AMD EPYC", version="v", date="2026-12-05")  # fmt: skip
+        bench_peers.put_row(path, row)
+
+    put("ppo_ddp", 1, 999.0, 10)  # replaced below
+    for seed, seconds in ((1, 60.0), (2, 120.0), (3, 90.0)):
+        put("ppo_ddp", seed, seconds, 500_000 + seed)
+    for seed, seconds in ((1, 300.0), (2, ""), (3, 180.0)):  # seed 2 capped: the median is still 300
+        put("rl_games", seed, seconds, 700_000 if seconds else "")
+    put("sb3", 1, "")  # capped, its only seed
+    put("ppo_ddp", 1, 60.0, 500_001)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["trainer"], r["seed"]) for r in rows] == [("ppo_ddp", "1"), ("ppo_ddp", "2"), ("ppo_ddp", "3"),
+                                                         ("rl_games", "1"), ("rl_games", "2"), ("rl_games", "3"),
+                                                         ("sb3", "1")]  # fmt: skip
+    lines = {line.split(" | ")[1]: line for line in bench_peers.table(rows).splitlines() if "Hopper" in line}
+    assert "| 1.5 min (0.50M steps) |" in lines["ppo_ddp"]  # median of 60, 90, 120 s
+    assert "| 5.0 min (0.70M steps) |" in lines["rl_games"] and lines["rl_games"].endswith("| 3.3x |")
+    assert "not reached, > 20 min" in lines["sb3"] and lines["sb3"].endswith("| > 13.3x (theirs capped) |")
