@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from test_reliability import DETERMINISTIC, TORCHRUN, Launch, assert_same_state, torchrun
+from launches import DETERMINISTIC, TORCHRUN, Launch, assert_same_state, torchrun
 from test_train import SMALL, read_csv
 
 ROUND = 64  # 1 actor x 2 envs x 32 steps

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_reliability import DETERMINISTIC, Launch, assert_same_state, torchrun
+from launches import DETERMINISTIC, Launch, assert_same_state, torchrun
 from test_train import SMALL, read_csv
 
 from ppo_ddp.configuration.config import Config

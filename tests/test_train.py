@@ -335,7 +335,7 @@ def test_our_launch_hands_each_worker_the_actors_the_topology_chose(tmp_path):
 
 def test_python_train_launches_several_learners_like_torchrun(tmp_path):
     # What `train(num_gpus=2)` does on a 2-GPU box, run here on CPU: the same launch path as `python train.py
-    # --num-gpus 2` (tests/test_reliability.py), with the Python API's command line: its config in the run folder,
+    # --num-gpus 2` (tests/test_launch_security.py), with the Python API's command line: its config in the run folder,
     # the learners started as `-m ppo_ddp.train --config RUN/launch.yaml`.
     code = (
         "import sys; from ppo_ddp.configuration.loading import parse_config; "
