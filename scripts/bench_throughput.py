@@ -241,12 +241,7 @@ def parse_sb3(text: str) -> tuple[str, int]:
     return vec, int(threads)
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--sb3-worker"]:
-        vec, threads, total, warmup, seed = argv[1:6]
-        sb3_worker(vec, int(threads), int(total), int(warmup), int(seed))
-        return
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=65536, help="env steps in the timed window of each trainer")
     parser.add_argument("--warmup-rounds", type=int, default=3, help="updates before the timed window")
@@ -297,7 +292,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--flags", type=shlex.split, default=[], help="train.py flags for every ppo_ddp run, e.g. '--no-compile'"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--sb3-worker"]:
+        vec, threads, total, warmup, seed = argv[1:6]
+        sb3_worker(vec, int(threads), int(total), int(warmup), int(seed))
+        return
+    args = parse_args(argv)
 
     import torch
 
