@@ -18,6 +18,7 @@ import torch
 import torch._dynamo
 from test_train import SMALL, read_csv, run
 
+from ppo_ddp.algorithm.compiled import compile_functions
 from ppo_ddp.algorithm.learner import Learner
 from ppo_ddp.algorithm.ppo_step import FlatAdam
 from ppo_ddp.configuration.config import Config
@@ -328,3 +329,16 @@ def test_two_ranks_averaging_gradients_compiled_equal_eager_and_each_other():
     torch.manual_seed(0)
     start = torch.cat([p.detach().reshape(-1) for p in ActorCritic(OBS, ACT).parameters()])
     assert not torch.equal(eager[0][0]["params"], start)  # it trained
+
+
+def _scaled_sum(x: torch.Tensor) -> torch.Tensor:
+    return (2.0 * x).sum()
+
+
+def test_config_after_config_in_one_process_never_reaches_dynamo_s_recompile_limit():
+    # The Python API's train() in a loop compiles one step after another in one process, each of another shape;
+    # dynamo's recompile limit (8; 1 here, to show it with two) used to fail the ninth, which then ran eagerly.
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for n in (3, 5):
+            parts, problem = compile_functions([_scaled_sum], lambda f, n=n: f(torch.ones(n)), [])
+            assert problem is None and parts[0](torch.ones(n)) == 2.0 * n

@@ -49,6 +49,11 @@ def compile_functions(
     quiet = not os.environ.get("TORCH_LOGS")
     if quiet:
         logging.disable(logging.CRITICAL)
+    # Dynamo keeps the graphs of every step it compiled in this process, per function: a process that trains
+    # several configs in turn (the Python API's train() in a loop, a test session) would reach its recompile limit
+    # (8) at the ninth and fail. A process steps one learner at a time, so each compile starts from a clean cache
+    # (inductor's on-disk caches stay: a config compiled before still loads fast).
+    torch._dynamo.reset()
     try:
         parts = [torch.compile(f, fullgraph=True, dynamic=False) for f in functions]
         warm_up(*parts)  # the compile happens here, at the first call
