@@ -30,7 +30,12 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
     monkeypatch.setitem(bench_peers.SCORES, "Hopper-v5", 1.0)
     if trainer == "ppo_ddp":  # the preset's first round, without its compile (~20 s that this test does not need)
         command = bench_peers.trainer_command
-        monkeypatch.setattr(bench_peers, "trainer_command", lambda *a: ((c := command(*a))[0] + ["--no-compile"], c[1]))
+
+        def without_compile(*args):
+            cmd, metrics_csv = command(*args)
+            return cmd + ["--no-compile"], metrics_csv
+
+        monkeypatch.setattr(bench_peers, "trainer_command", without_compile)
     blocks = _shared_blocks()
     row = bench_peers.measure(trainer, "Hopper-v5", 1, cap=600.0)
     assert row["env"] == "Hopper-v5" and row["trainer"] == trainer and row["score"] == 1.0

@@ -21,6 +21,8 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:  # actors inherit sys.path, so they can import scripted_env too
     sys.path.insert(0, str(TESTS_DIR))
 
+from pools import SCRIPTED, make_cfg  # noqa: E402
+
 from ppo_ddp.algorithm.learner import check_finite  # noqa: E402
 from ppo_ddp.configuration.config import Config  # noqa: E402
 from ppo_ddp.distributed import signals  # noqa: E402
@@ -194,15 +196,7 @@ def test_find_elastic_run_by_the_recorded_rendezvous_id(tmp_path):
 def test_actors_continue_their_noise_from_a_saved_state():
     # logp depends on the noise alone (state-independent std), so it shows which noise an actor drew even
     # though a resumed actor's envs restart their episodes.
-    cfg = Config(
-        env_id="scripted_env:Scripted-v0",
-        actors_per_gpu=2,
-        envs_per_actor=2,
-        rollout_length=6,
-        num_minibatches=1,
-        seed=3,
-        actor_timeout=30.0,
-    )
+    cfg = make_cfg(SCRIPTED, rollout_length=6)
     torch.manual_seed(0)
     model = ActorCritic(3, 2, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
     with ActorPool(cfg, 0, 2, 3, 2, False) as pool:
