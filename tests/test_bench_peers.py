@@ -36,7 +36,15 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
             return cmd + ["--no-compile"], metrics_csv
 
         monkeypatch.setattr(bench_peers, "trainer_command", without_compile)
-    blocks = _shared_blocks()
+    looks = []  # the run's shared-memory blocks just before its stop and just after
+    stop = bench_peers.Run.stop
+
+    def stop_and_look(run):
+        looks.append(_blocks_of(run.proc.pid))
+        stop(run)
+        looks.append(_blocks_of(run.proc.pid))
+
+    monkeypatch.setattr(bench_peers.Run, "stop", stop_and_look)
     row = bench_peers.measure(trainer, "Hopper-v5", 1, cap=600.0)
     assert row["env"] == "Hopper-v5" and row["trainer"] == trainer and row["score"] == 1.0
     assert 0 < row["reached_seconds"] <= row["end_seconds"] < 600 and row["cap_seconds"] == 600
@@ -44,12 +52,13 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
     first = 512 if trainer == "sb3" else preset["actors_per_gpu"] * preset["envs_per_actor"] * preset["rollout_length"]
     assert row["reached_steps"] % first == 0 and 0 < row["reached_steps"] <= row["end_steps"]
     assert row["end_return"] >= 1.0
-    assert _shared_blocks() <= blocks  # stopped by SIGTERM: ppo_ddp unlinked its shared memory
+    # Stopped by SIGTERM, ppo_ddp unlinked the block it had while it ran (a SIGKILL would have left it).
+    assert [len(look) for look in looks] == ([1, 0] if trainer == "ppo_ddp" else [0, 0]), looks
 
 
-def _shared_blocks() -> set[str]:
-    """multiprocessing.shared_memory's blocks in /dev/shm (nothing else makes one while a test runs)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}
+def _blocks_of(pid: int) -> list[str]:
+    """The shared-memory blocks in /dev/shm that process pid made (ppo_ddp names its blocks for their owner)."""
+    return [name for name in os.listdir("/dev/shm") if name.startswith(f"ppo_ddp_{pid}_")]
 
 
 def test_rows_replace_their_own_and_the_table_takes_medians_and_caps(bench_peers, tmp_path):

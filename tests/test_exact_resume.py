@@ -6,6 +6,7 @@ rounds since, a checkpoint written before exact resume, and an env whose state c
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import signal
@@ -94,6 +95,9 @@ def test_a_killed_learner_redoes_its_rounds_from_the_periodic_checkpoint_exactly
     i.wait_for_dump(0, 5)
     os.killpg(i.proc.pid, signal.SIGKILL)  # the learner and its actors, as on a lost machine
     i.wait()
+    left = glob.glob(f"/dev/shm/ppo_ddp_{i.proc.pid}_*")  # its shared memory, which a lost machine takes with it
+    assert len(left) == 1, left
+    os.unlink(left[0])
     saved = torch.load(tmp_path / "runs" / "r" / "model_r.pt", weights_only=True)["iteration"]
     assert 4 <= saved < ROUNDS  # round 4's (or, on a slow reaction, a later periodic one's)
     r = Launch(learner(tmp_path, "r", "--resume", "auto"), tmp_path, "r", debug=tmp_path / "debug_r")

@@ -1,7 +1,8 @@
 """The shared memory between one learner and its actor processes: one block, a fixed layout, no pickles.
 
 The learner allocates one `multiprocessing.shared_memory.SharedMemory` block per run (`SharedBuffers.create`),
-the actors attach to it by name (`SharedBuffers.attach`), and the learner alone unlinks it (`close`). Every
+named `ppo_ddp_<learner pid>_<8 hex digits>` (so a block that a killed learner left in /dev/shm says whose it
+was); the actors attach to it by name (`SharedBuffers.attach`), and the learner alone unlinks it (`close`). Every
 field is a numpy view of the block (`.arrays`) and a torch tensor sharing the same memory (attributes named as
 the fields). The layout is a pure function of (A, T, E, obs_dim, act_dim, P, critic_dim, ...), so an actor
 rebuilds exactly the learner's views from a small `BufferSpec`.
@@ -62,6 +63,8 @@ slot an actor failed to write is visible in tests and in the learner's sanity ch
 from __future__ import annotations
 
 import mmap
+import os
+import secrets
 import warnings
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -76,6 +79,13 @@ from ppo_ddp.models.normalization import Moments
 ALIGN = 64
 PAGE = mmap.PAGESIZE
 FLAG_SENTINEL = 255
+
+
+def block_name() -> str:
+    """A new block's name: its owner's pid, and random digits for the blocks one process makes in turn (at most 25
+    characters with the leading slash: macOS allows 31)."""
+    return f"ppo_ddp_{os.getpid()}_{secrets.token_hex(4)}"
+
 
 # prefixes of the frozen statistics: observations, discounted returns, values, the critic's observations
 STATISTICS = ("obs", "ret", "val", "critic")
@@ -256,7 +266,7 @@ class SharedBuffers:
     @classmethod
     def create(cls, spec: BufferSpec) -> SharedBuffers:
         size = spec.layout()[3]
-        shm = shared_memory.SharedMemory(create=True, size=size)
+        shm = shared_memory.SharedMemory(name=block_name(), create=True, size=size)
         try:
             buffers = cls(spec, shm, owner=True)
         except BaseException:
