@@ -118,7 +118,8 @@ def rl_games_worker(env_id: str, seed: int) -> None:
         def after_print_stats(self, frame: int, epoch_num: int, total_time: float) -> None:
             super().after_print_stats(frame, epoch_num, total_time)
             if self.algo.game_rewards.current_size > 0:  # the last 100 episodes (raw rewards, before shaping)
-                progress(frame, float(self.algo.game_rewards.get_mean()[0]))
+                # `frame` is the count from before the epoch it reports on; the algo's own is after it
+                progress(self.algo.frame // self.algo.num_agents, float(self.algo.game_rewards.get_mean()[0]))
 
     runner = Runner(algo_observer=Progress())
     runner.load({"params": params})
