@@ -8,6 +8,7 @@ of CI. Ranks dump their view of each round (PPO_DDP_DEBUG_DIR), which holds thei
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -149,6 +150,12 @@ def tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
     events = EventAccumulator(str(run_dir))
     events.Reload()
     return [e.step for e in events.Scalars(tag)]
+
+
+def shm_blocks_of(pid: int) -> list[str]:
+    """The shared-memory blocks in /dev/shm that process pid made: ppo_ddp names a block for its owner,
+    ppo_ddp_<pid>_<hex> (storage/shared.py, block_name)."""
+    return glob.glob(f"/dev/shm/ppo_ddp_{pid}_*")
 
 
 def process_tree(root: int) -> set[int]:

@@ -5,10 +5,10 @@ return to the first at the score, its row is kept per env, trainer and seed, and
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 import pytest
+from launches import shm_blocks_of
 
 from ppo_ddp.configuration.loading import load_yaml_defaults
 
@@ -45,9 +45,9 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
     stop = bench_peers.Run.stop
 
     def stop_and_look(run):
-        looks.append(_blocks_of(run.proc.pid))
+        looks.append(shm_blocks_of(run.proc.pid))
         stop(run)
-        looks.append(_blocks_of(run.proc.pid))
+        looks.append(shm_blocks_of(run.proc.pid))
 
     monkeypatch.setattr(bench_peers.Run, "stop", stop_and_look)
     row = bench_peers.measure(trainer, "Hopper-v5", 1, cap=600.0)
@@ -60,11 +60,6 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
     assert row["end_return"] >= 1.0
     # Stopped by SIGTERM, ppo_ddp unlinked the block it had while it ran (a SIGKILL would have left it).
     assert [len(look) for look in looks] == ([1, 0] if trainer == "ppo_ddp" else [0, 0]), looks
-
-
-def _blocks_of(pid: int) -> list[str]:
-    """The shared-memory blocks in /dev/shm that process pid made (ppo_ddp names its blocks for their owner)."""
-    return [name for name in os.listdir("/dev/shm") if name.startswith(f"ppo_ddp_{pid}_")]
 
 
 def test_rows_replace_their_own_and_the_table_takes_medians_and_caps(bench_peers, tmp_path):

@@ -6,7 +6,6 @@ rounds since, a checkpoint written before exact resume, and an env whose state c
 
 from __future__ import annotations
 
-import glob
 import os
 import shlex
 import signal
@@ -14,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from launches import DETERMINISTIC, TORCHRUN, Launch, assert_same_state, torchrun
+from launches import DETERMINISTIC, TORCHRUN, Launch, assert_same_state, shm_blocks_of, torchrun
 from test_train import SMALL, read_csv
 
 ROUND = 64  # 1 actor x 2 envs x 32 steps
@@ -95,7 +94,7 @@ def test_a_killed_learner_redoes_its_rounds_from_the_periodic_checkpoint_exactly
     i.wait_for_dump(0, 5)
     os.killpg(i.proc.pid, signal.SIGKILL)  # the learner and its actors, as on a lost machine
     i.wait()
-    left = glob.glob(f"/dev/shm/ppo_ddp_{i.proc.pid}_*")  # its shared memory, which a lost machine takes with it
+    left = shm_blocks_of(i.proc.pid)  # its shared memory, which a lost machine takes with it
     assert len(left) == 1, left
     os.unlink(left[0])
     saved = torch.load(tmp_path / "runs" / "r" / "model_r.pt", weights_only=True)["iteration"]
