@@ -20,7 +20,10 @@ puts 3.17.0 in place of 4.0.0; empty in rows written before the column); resumed
 first_5000_seconds are the env steps and the training time (summed as wall_seconds) at which the run's periodic
 deterministic evaluation (eval.csv) first reached a mean of 5000: the time to score of a 10M preset (empty when it
 never did, or in rows written before them); cpu is the CPU's model name (a seed repeats bit for bit on one kind of
-CPU, not across makers; empty in rows written before the column). The tables in
+CPU, not across makers; empty in rows written before the column); overlap and distribution are what the run had
+(Config's fields: "true"/"false" and the distribution's name), so a row keeps its meaning when its preset's line
+changes (rows written before these columns ran presets that all had sync rounds and the Gaussian, so their flags
+say, and the next write fills them in). The tables in
 docs/benchmarks/returns.md and the curves (returns.png: 1M presets; returns_10m.png: the scale presets;
 world_sizes.png: world sizes and sync modes; returns_partial.png: the partly observed envs; returns_dmc.png: the
 DeepMind Control Suite) are rebuilt from all rows, by scripts/returns_tables.py.
@@ -50,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from returns_tables import plot_all, row_key, shape_flags, write_table  # noqa: E402
+from returns_rows import SETTINGS, row_key, settings, shape_flags  # noqa: E402
+from returns_tables import plot_all, write_table  # noqa: E402
 
 from ppo_ddp.configuration.presets import find_preset, presets  # noqa: E402
 from ppo_ddp.evaluation.playback import evaluate_policy, load_policy  # noqa: E402
@@ -93,6 +97,8 @@ FIELDS = [
     "first_5000_steps",
     "first_5000_seconds",
     "cpu",
+    "overlap",
+    "distribution",
 ]
 SCORE_TO_REACH = 5000.0
 """The score whose first time a row records (issue 45: Humanoid and Ant at 10M steps; reached by no 1M preset but
@@ -205,7 +211,7 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        writer.writerows({**r, "sync_mode": row_key(r)[4]} for r in rows)
+        writer.writerows({**r, "sync_mode": row_key(r)[4], **dict(zip(SETTINGS, settings(r)))} for r in rows)
     os.replace(tmp, path)
 
 
@@ -299,6 +305,9 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
         "first_5000_steps": first_steps,
         "first_5000_seconds": first_seconds,
         "cpu": cpu_model(),
+        # what the run computed whichever flags said it: a preset's line may change later (returns_rows.SETTINGS)
+        "overlap": str(cfg.overlap).lower(),
+        "distribution": cfg.distribution,
     }
     print(
         f"  {env_id} seed {seed} world {world} {sync}: eval {row['eval_mean']} ± {row['eval_std']}, "

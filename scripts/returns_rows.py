@@ -3,6 +3,7 @@ returns.md shares (scripts/returns_tables.py, scripts/distribution_table.py)."""
 
 from __future__ import annotations
 
+import functools
 import shlex
 from pathlib import Path
 
@@ -45,9 +46,59 @@ def mean_std(values: list[float]) -> str:
     return one if len(values) == 1 else f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
 
 
+SETTINGS = ("overlap", "distribution")
+"""The Config fields a preset switches on a ten-seed decision (issues 59 and 61). A row records what its run had, in
+the columns of the same names, so its meaning stays when the preset's line changes: `--overlap` is redundant on
+a preset that overlaps, and a run without flags on an older commit may be what `--no-overlap` runs today."""
+
+
+def settings(row: dict[str, str]) -> tuple[str, str]:
+    """(overlap, distribution) as the row's run had them: "true"/"false" and the distribution's name. Rows written
+    before the columns ran presets that all had sync rounds and the Gaussian, so their flags say."""
+    if row.get("overlap") and row.get("distribution"):
+        return row["overlap"], row["distribution"]
+    flags = shape_flags(row["extra_args"])
+    distribution = flags[flags.index("--distribution") + 1] if "--distribution" in flags[:-1] else "gaussian"
+    return ("true" if "--overlap" in flags else "false"), distribution
+
+
+@functools.cache
+def preset_settings(config: str) -> tuple[str, str]:
+    """(overlap, distribution) as the preset at `config` runs them today: its file's lines, else Config's defaults."""
+    from ppo_ddp.configuration.config import Config
+    from ppo_ddp.configuration.loading import load_yaml_defaults
+
+    path = ROOT / config
+    values = load_yaml_defaults(path) if path.exists() else {}
+    return str(values.get("overlap", Config.overlap)).lower(), values.get("distribution", Config.distribution)
+
+
+def other_flags(row: dict[str, str]) -> list[str]:
+    """The row's extra flags but those of SETTINGS (--overlap, --no-overlap, --distribution NAME); an
+    --actor-timeout stays, as in the row's key."""
+    out, flags = [], shlex.split(row["extra_args"])
+    for i, flag in enumerate(flags):
+        if flag in ("--overlap", "--no-overlap", "--distribution") or (i and flags[i - 1] == "--distribution"):
+            continue
+        out.append(flag)
+    return out
+
+
+def flags_today(row: dict[str, str]) -> list[str]:
+    """The flags that run the row's computation on today's preset: its other flags, then the settings in which it
+    differs from the preset (`--no-overlap` for a sync row of a preset that now overlaps)."""
+    (overlap, distribution), (preset_overlap, preset_distribution) = settings(row), preset_settings(row["config"])
+    flags = other_flags(row)
+    if overlap != preset_overlap:
+        flags.append("--overlap" if overlap == "true" else "--no-overlap")
+    if distribution != preset_distribution:
+        flags += ["--distribution", distribution]
+    return flags
+
+
 def own_shape(row: dict[str, str]) -> bool:
-    """A run of the preset as it is (no flags that change what it computes)."""
-    return not shape_flags(row["extra_args"])
+    """A run of the preset as it is today (no flags that change what it computes, whichever it was run with)."""
+    return not shape_flags(shlex.join(flags_today(row)))
 
 
 def is_scale(row: dict[str, str]) -> bool:
@@ -64,26 +115,25 @@ def is_partial(row: dict[str, str]) -> bool:
     return row["env"].startswith(PARTIAL_PREFIX)
 
 
-OVERLAP_FLAGS = ("--overlap", "--overlap --lag-objective decoupled")
-"""The extra flags of the overlapped-rounds A/B (issue 44): each against the preset's own sync rows."""
-
-
-def is_overlap(row: dict[str, str]) -> bool:
-    return " ".join(shape_flags(row["extra_args"])) in OVERLAP_FLAGS
-
-
 def gym_1m_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     """The rows of the 1M tables: gymnasium's fully observed MuJoCo envs, not the 10M presets."""
     return [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]
 
 
-DISTRIBUTION_FLAG = "--distribution"
-"""The flag of the bounded action distributions' A/B (issue 61): each against the preset's Gaussian."""
-
-
-def is_distribution(row: dict[str, str]) -> bool:
-    """A run with another action distribution than its preset's (its flag among the extra args)."""
-    return DISTRIBUTION_FLAG in shape_flags(row["extra_args"])
+def runs_of(
+    rows: list[dict[str, str]], env_id: str, overlap: str, distribution: str = "", other: tuple[str, ...] = ()
+) -> list[dict[str, str]]:
+    """One learner's rows (params, the env's 1M preset) of `env_id` that ran with overlapped rounds or not (`overlap`:
+    "true"/"false"), `distribution` (the preset's where empty) and no other shape flags than `other`."""
+    return [
+        r
+        for r in gym_1m_rows(rows)
+        if r["env"] == env_id
+        and r["world_size"] == "1"
+        and (r.get("sync_mode") or "params") == "params"
+        and settings(r) == (overlap, distribution or preset_settings(r["config"])[1])
+        and tuple(other_flags(r)) == other
+    ]
 
 
 def cell(rows: list[dict[str, str]], full_steps: int) -> str:

@@ -17,19 +17,20 @@ from distribution_table import distribution_table
 from published import REFERENCE, REFERENCE_10M, REFERENCE_DMC
 from returns_rows import (
     BENCHMARK_SEEDS,
-    OVERLAP_FLAGS,
     PARTIAL_PREFIX,
     ROOT,
     cell,
+    flags_today,
     gym_1m_rows,
-    is_distribution,
     is_dmc,
-    is_overlap,
     is_partial,
     is_scale,
     mean_std,
+    other_flags,
     own_shape,
     row_key,
+    runs_of,
+    settings,
     shape_flags,
 )
 from seed_intervals import COMPARED, ten_seed_table
@@ -63,16 +64,17 @@ def _presetcell(rows: list[dict[str, str]]) -> str:
     own = [r for r in rows if own_shape(r)]
     if own or not rows:
         return cell(own, 10**6)
-    flags = sorted({" ".join(shape_flags(r["extra_args"])) for r in rows})
+    flags = sorted({" ".join(flags_today(r)) for r in rows})
     return cell(rows, 10**6) + f" with `{'`, `'.join(flags)}`"
 
 
 def one_learner_rows(small: list[dict[str, str]], env_id: str) -> tuple[list[dict[str, str]], bool]:
     """The rows behind an env's 1M cell and curve, and whether they are the preset exactly as `--env-id ENV` runs
-    it on seeds 1-3. Rows with any extra flag (an --actor-timeout too) are older: they count only where no exact
-    row exists, and the cell names their flags."""
+    it today on seeds 1-3 (with flags that only restate it, as `--overlap` does on a preset that overlaps). Rows
+    with any other flag (an --actor-timeout too) are older: they count only where no exact row exists, and the
+    cell names their flags."""
     solo = [r for r in small if r["env"] == env_id and row_key(r)[4] == "params" and r["world_size"] == "1"]
-    exact = [r for r in solo if r["seed"] in BENCHMARK_SEEDS and not r["extra_args"]]
+    exact = [r for r in solo if r["seed"] in BENCHMARK_SEEDS and not flags_today(r)]
     return (exact, True) if exact else (solo, False)
 
 
@@ -92,7 +94,8 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         "A cell marked †N holds N runs that were stopped and resumed before resumes were exact (issue 47: their "
         "envs started new episodes, so a fresh run of the same commit and seed computes another run); every other "
         "row is a fresh run or an exactly resumed one, which a fresh run reproduces (the `resumed` and "
-        "`resume_exact` columns).",
+        "`resume_exact` columns). The `overlap` and `distribution` columns say what each run had, so a preset that "
+        "switched one (docs/usage.md) keeps its older rows under the flags that run them today (`--no-overlap`).",
         "",
         "## 1M env steps, the presets in ppo_ddp/configs/",
         "",
@@ -113,7 +116,7 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
     lines += ten_seed_table(small, {env: float(REFERENCE[env][0].split(" ±")[0]) for env in COMPARED})
     lines += _overlap_table(small)
     lines += distribution_table(small)
-    lines += _world_size_table([r for r in small if not is_overlap(r) and not is_distribution(r)])
+    lines += _world_size_table([r for r in small if settings(r) == SYNC_GAUSSIAN])
     lines += _scale_table([r for r in rows if is_scale(r)])
     lines += _partial_table(rows)
     lines += _dmc_table([r for r in rows if is_dmc(r) and not is_scale(r) and int(r["world_size"]) == 1])
@@ -121,17 +124,16 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
 
 
 def _overlap_table(rows: list[dict[str, str]]) -> list[str]:
-    """Overlapped rounds against sync ones: one learner, the preset as it is and with each of OVERLAP_FLAGS, seeds
-    1-3 of the same code; the ratio of the means (the default changes at >= 0.95 on every env)."""
-    ab = [r for r in rows if r["world_size"] == "1" and r["seed"] in BENCHMARK_SEEDS and row_key(r)[4] == "params"]
-    envs = [env for env in REFERENCE if any(r["env"] == env and is_overlap(r) for r in ab)]
+    """Overlapped rounds against sync ones: one learner, the preset's distribution, seeds 1-3; the ratio of the
+    means. The ten-seed table above decides; this one keeps the first A/B and its `--lag-objective` column."""
+    envs = [env for env in REFERENCE if _overlap_columns(rows, env)[1]]
     if not envs:
         return []
     lines = [
         "## Overlapped rounds (`--overlap`), 1M env steps, 1 learner",
         "",
         "The learner updates on round k while its actors collect round k+1 with the weights of round k-1 "
-        '(docs/design.md, "Overlapped rounds"). Each preset as it is (sync) and with the flags, seeds 1-3; the '
+        '(docs/design.md, "Overlapped rounds"). Each preset with sync rounds and with the flags, seeds 1-3; the '
         "ratio is the mean's over sync's. The commits are the code that ran each column.",
         "",
         "| env | sync (seeds) | `--overlap` (seeds) | ratio | `--overlap --lag-objective decoupled` (seeds) | ratio "
@@ -139,9 +141,7 @@ def _overlap_table(rows: list[dict[str, str]]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for env_id in envs:
-        mine = [r for r in ab if r["env"] == env_id]
-        columns = [[r for r in mine if not r["extra_args"]]]
-        columns += [[r for r in mine if " ".join(shape_flags(r["extra_args"])) == f] for f in OVERLAP_FLAGS]
+        columns = _overlap_columns(rows, env_id)
         base = np.mean([float(r["eval_mean"]) for r in columns[0]]) if columns[0] else math.nan
         cells = [cell(columns[0], 10**6)]
         for got in columns[1:]:
@@ -149,31 +149,22 @@ def _overlap_table(rows: list[dict[str, str]]) -> list[str]:
             cells += [cell(got, 10**6), f"{mean / base:.2f}" if got and columns[0] else "—"]
         commits = ", ".join(sorted({r["commit"] for column in columns for r in column}))
         lines.append(f"| {env_id} | {' | '.join(cells)} | {commits} |")
-    return lines + _more_seeds(rows) + ["", "![overlapped rounds](overlap.png)", ""]
+    return lines + ["", "![overlapped rounds](overlap.png)", ""]
 
 
-def _more_seeds(rows: list[dict[str, str]]) -> list[str]:
-    """Where an env was run on more seeds than 1-3, sync and `--overlap` alike: the same ratio over every seed."""
-    ab = [r for r in rows if r["world_size"] == "1" and row_key(r)[4] == "params"]
-    sync = [r for r in ab if not r["extra_args"]]
-    overlap = [r for r in ab if " ".join(shape_flags(r["extra_args"])) == OVERLAP_FLAGS[0]]
-    lines = []
-    for env_id in REFERENCE:
-        seeds = {r["seed"] for r in overlap if r["env"] == env_id} & {r["seed"] for r in sync if r["env"] == env_id}
-        if seeds <= set(BENCHMARK_SEEDS):
-            continue
-        got = [[r for r in column if r["env"] == env_id and r["seed"] in seeds] for column in (sync, overlap)]
-        means = [np.mean([float(r["eval_mean"]) for r in column]) for column in got]
-        seed_list = ", ".join(sorted(seeds, key=int))
-        lines.append(
-            f"| {env_id}, seeds {seed_list} | {cell(got[0], 10**6)} | {cell(got[1], 10**6)} | "
-            f"{means[1] / means[0]:.2f} | — | — | {', '.join(sorted({r['commit'] for c in got for r in c}))} |"
-        )
-    return lines
+def _overlap_columns(rows: list[dict[str, str]], env_id: str) -> list[list[dict[str, str]]]:
+    """Seeds 1-3 of sync rounds, of `--overlap` and of `--overlap --lag-objective decoupled`."""
+    kinds = (("false", ()), ("true", ()), ("true", ("--lag-objective", "decoupled")))
+    return [[r for r in runs_of(rows, env_id, o, other=other) if r["seed"] in BENCHMARK_SEEDS] for o, other in kinds]
+
+
+SYNC_GAUSSIAN = ("false", "gaussian")
+"""The settings every world-size run had (returns_rows.settings): sync rounds and the Gaussian."""
 
 
 def _world_size_table(rows: list[dict[str, str]]) -> list[str]:
-    """The 1M presets on 1, 2 and 4 ranks, both sync modes, each round shape run; the ratio to one learner."""
+    """The 1M presets on 1, 2 and 4 ranks, both sync modes, each round shape run; the ratio to one learner. The
+    flags are those that run each row on today's preset (`--no-overlap` where the preset now overlaps)."""
     envs = sorted({r["env"] for r in rows if int(r["world_size"]) > 1})
     if not envs:
         return []
@@ -183,17 +174,20 @@ def _world_size_table(rows: list[dict[str, str]]) -> list[str]:
         "`torchrun --standalone --nproc_per_node=W` (gloo, CPU) on the same preset and total steps. With the preset's "
         "own shape each rank has its actors, so a round holds W times the samples; the flags in the third column "
         "divide a rank's round by W instead, so that the round (2048 samples) and the mini-batch (64 samples over "
-        "all ranks) are one learner's. Ratio: to one learner's mean (target >= 0.9).",
+        "all ranks) are one learner's. Every run here had sync rounds and the Gaussian; where a preset has since "
+        "switched, its flags say so (`--no-overlap`). Ratio: to one learner's mean with sync rounds and the "
+        "Gaussian (target >= 0.9).",
         "",
         "| env | ranks, sync | flags | ppo_ddp (seeds) | ratio |",
         "|---|---|---|---|---|",
     ]
     for env_id in envs:
         mine = [r for r in rows if r["env"] == env_id]
-        base = [float(r["eval_mean"]) for r in mine if int(r["world_size"]) == 1 and own_shape(r)]
-        shapes = sorted({(int(r["world_size"]), row_key(r)[4], r["extra_args"]) for r in mine})
-        for world, mode, flags in shapes:
-            got = [r for r in mine if (int(r["world_size"]), row_key(r)[4], r["extra_args"]) == (world, mode, flags)]
+        solo = [r for r in mine if r["world_size"] == "1" and not shape_flags(shlex.join(other_flags(r)))]
+        base = [float(r["eval_mean"]) for r in solo]
+        shape = lambda r: (int(r["world_size"]), row_key(r)[4], " ".join(flags_today(r)))  # noqa: E731
+        for world, mode, flags in sorted({shape(r) for r in mine}):
+            got = [r for r in mine if shape(r) == (world, mode, flags)]
             ratio = np.mean([float(r["eval_mean"]) for r in got]) / np.mean(base) if base else math.nan
             lines.append(f"| {env_id} | {world}, {mode} | `{flags}` | {cell(got, 10**6)} | {ratio:.2f} |")
     return lines + ["", "![world sizes](world_sizes.png)", ""]
@@ -309,15 +303,14 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
         plot_curves(curves(scale), out_dir / "returns_10m.png")
     envs = {r["env"] for r in small if int(r["world_size"]) > 1}
     worlds = [
-        (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(shape_flags(r['extra_args']))}".strip(), r)
-        for r in rows
-        if not is_scale(r) and r["env"] in envs and not is_overlap(r) and not is_distribution(r)
+        (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(flags_today(r))}".strip(), r)
+        for r in small
+        if r["env"] in envs and settings(r) == SYNC_GAUSSIAN
     ]
-    overlap_envs = {r["env"] for r in small if is_overlap(r)}
-    ab = [r for r in small if r["env"] in overlap_envs and r["world_size"] == "1" and r["seed"] in BENCHMARK_SEEDS]
-    ab = [r for r in ab if row_key(r)[4] == "params" and (is_overlap(r) or not r["extra_args"])]
-    if ab:
-        labelled = [(f"{r['env']}, {' '.join(shape_flags(r['extra_args'])) or 'sync'}", r) for r in ab]
+    ab = [(env_id, _overlap_columns(small, env_id)[:2]) for env_id in REFERENCE]
+    labelled = [(f"{env_id}, {kind}", r) for env_id, (sync, overlap) in ab if overlap
+                for kind, column in (("sync", sync), ("--overlap", overlap)) for r in column]  # fmt: skip
+    if labelled:
         plot_curves(curves(labelled), out_dir / "overlap.png")
     if worlds:
         plot_curves(curves(worlds), out_dir / "world_sizes.png")

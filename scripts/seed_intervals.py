@@ -1,12 +1,14 @@
 """Ten seeds with intervals: the 1M cells of the five robots people compare on, as the field reports them.
 
-For each env, the final deterministic evaluations of seeds 1-10 (returns.csv's eval_mean, one learner, the preset
-as it is) give the mean and the interquartile mean, each with a 95% stratified-bootstrap interval (rliable's
-get_interval_estimates, percentile method, 50,000 resamples, a fixed random state: the same rows give the same
-table). A cell is "above" the best published PPO only where its mean's interval lies at or above the published
-mean, "below" where it lies under it, and "level" otherwise. The same for `--overlap`, whose column also says
-whether it keeps 0.97 of sync's mean (the overlap decision's learning side; its speed side is measured alone by
-scripts/bench_overlap.py). rliable comes with the bench extra (`pip install -e ".[bench]"`).
+For each env, the final deterministic evaluations of seeds 1-10 (returns.csv's eval_mean, one learner, the preset's
+action distribution), with sync rounds and with overlapped ones, give the mean and the interquartile mean, each
+with a 95% stratified-bootstrap interval (rliable's get_interval_estimates, percentile method, 50,000 resamples, a
+fixed random state: the same rows give the same table). The preset's own rounds are "above" the best published PPO
+only where their mean's interval lies at or above the published mean, "below" where it lies under it, and "level"
+otherwise; the overlap column also says whether it keeps 0.97 of sync's mean (the overlap decision's learning
+side; its speed side is measured alone by scripts/bench_overlap.py). Rows are chosen by what their runs had
+(returns_rows.settings), so a preset that switched keeps its rows of either kind. rliable comes with the bench
+extra (`pip install -e ".[bench]"`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from returns_rows import preset_settings, runs_of
 
 CACHE = Path(__file__).resolve().parent.parent / "runs" / "seed_intervals.json"
 """Intervals already computed, by their values (git-ignored): a bootstrap of 50,000 resamples takes rliable ~10 s,
@@ -62,52 +65,48 @@ def show(estimate: tuple[float, float, float]) -> str:
     return f"{point:.0f} [{low:.0f}, {high:.0f}]"
 
 
-def seed_rows(rows: list[dict[str, str]], env_id: str, flags: str) -> list[dict[str, str]]:
-    """The env's ten-seed rows of the preset as it is (flags "") or with `flags`, one learner."""
-    return [
-        r
-        for r in rows
-        if r["env"] == env_id
-        and r["world_size"] == "1"
-        and (r.get("sync_mode") or "params") == "params"
-        and r["seed"] in TEN_SEEDS
-        and r["extra_args"] == flags
-        and "/scale/" not in r["config"]
-    ]
+def seed_rows(rows: list[dict[str, str]], env_id: str, overlap: str, distribution: str = "") -> list[dict[str, str]]:
+    """The env's rows of seeds 1-10, one learner, sync (`overlap` "false") or overlapped ("true"), with
+    `distribution` (the preset's where empty) and no other flags."""
+    return [r for r in runs_of(rows, env_id, overlap, distribution) if r["seed"] in TEN_SEEDS]
 
 
 def ten_seed_table(rows: list[dict[str, str]], published: dict[str, float]) -> list[str]:
-    """returns.md's section: sync and --overlap, mean and IQM with intervals, against the best published PPO."""
+    """returns.md's section: sync and overlapped rounds, mean and IQM with intervals; the preset's against the best
+    published PPO."""
     lines = [
         "## Ten seeds, with intervals (1M env steps, 1 learner)",
         "",
-        "Seeds 1-10 of each preset as it is (sync) and with `--overlap`: the mean and the interquartile mean (IQM) "
-        "of the final policies' deterministic evaluations, each with its 95% stratified-bootstrap interval "
-        "(rliable, 50,000 resamples; scripts/seed_intervals.py). Against the best published PPO's mean: *above* "
-        "where the mean's interval lies at or above it, *below* where it lies under it, *level* otherwise. A seed "
-        "repeats bit for bit on one kind of CPU and gives other numbers on another maker's: the rows' `cpu` column "
-        "says where each ran. Overlap keeps 0.97 of sync's mean or not (`keeps`); whether it is also faster is "
-        "timed alone (throughput.md). Envs with fewer than 5 seeds so far are left out.",
+        "Seeds 1-10 of each preset with sync and with overlapped rounds (`--no-overlap`, `--overlap`), each with the "
+        "preset's action distribution: the mean and the interquartile mean (IQM) of the final policies' "
+        "deterministic evaluations, each with its 95% stratified-bootstrap interval (rliable, 50,000 resamples; "
+        "scripts/seed_intervals.py). The preset's own rounds (the `preset` column) against the best published "
+        "PPO's mean: *above* where the mean's interval lies at or above it, *below* where it lies under it, *level* "
+        "otherwise. A seed repeats bit for bit on one kind of CPU and gives other numbers on another maker's: the "
+        "rows' `cpu` column says where each ran. Overlap keeps 0.97 of sync's mean or not (`keeps`); whether it is "
+        "also faster is timed alone (throughput.md). A preset overlaps where both hold. Envs with fewer than 5 seeds "
+        "so far are left out.",
         "",
-        "| env | seeds | sync: mean [95% CI] | sync: IQM [95% CI] | published | sync vs published "
-        "| `--overlap`: mean [95% CI] | `--overlap`: IQM [95% CI] | overlap / sync | keeps 0.97 | cpu |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| env | preset | seeds | sync: mean [95% CI] | sync: IQM [95% CI] | overlap: mean [95% CI] "
+        "| overlap: IQM [95% CI] | overlap / sync | keeps 0.97 | published | preset vs published | cpu |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for env_id in COMPARED:
-        sync, overlap = seed_rows(rows, env_id, ""), seed_rows(rows, env_id, "--overlap")
-        if len(sync) < MIN_SEEDS:
+        got = {o: seed_rows(rows, env_id, o) for o in ("false", "true")}
+        if len(got["false"]) < MIN_SEEDS:
             continue
-        ours = intervals([float(r["eval_mean"]) for r in sync])
-        cells = [show(ours["mean"]), show(ours["iqm"]), f"{published[env_id]:.0f}"]
-        cells.append(verdict(ours["mean"], published[env_id]))
-        if len(overlap) >= MIN_SEEDS:
-            theirs = intervals([float(r["eval_mean"]) for r in overlap])
-            ratio = theirs["mean"][0] / ours["mean"][0]
+        estimates = {o: intervals([float(r["eval_mean"]) for r in got[o]]) for o in got if len(got[o]) >= MIN_SEEDS}
+        overlap, distribution = preset_settings(got["false"][0]["config"])
+        cells = [f"{'overlap' if overlap == 'true' else 'sync'}, {distribution}", f"{len(got['false'])} / "
+                 f"{len(got['true'])}", show(estimates["false"]["mean"]), show(estimates["false"]["iqm"])]  # fmt: skip
+        if "true" in estimates:
+            ratio = estimates["true"]["mean"][0] / estimates["false"]["mean"][0]
             keeps = "yes" if ratio >= OVERLAP_KEEPS else "no"
-            cells += [show(theirs["mean"]), show(theirs["iqm"]), f"{ratio:.3f}", keeps]
+            cells += [show(estimates["true"]["mean"]), show(estimates["true"]["iqm"]), f"{ratio:.3f}", keeps]
         else:
             cells += ["—"] * 4
-        cpus = ", ".join(sorted({r.get("cpu") or "not recorded" for r in sync + overlap}))
-        seeds = f"{len(sync)} / {len(overlap)}"
-        lines.append(f"| {env_id} | {seeds} | {' | '.join(cells)} | {cpus} |")
+        mine = estimates.get(overlap)
+        cells += [f"{published[env_id]:.0f}", verdict(mine["mean"], published[env_id]) if mine else "—"]
+        cpus = ", ".join(sorted({r.get("cpu") or "not recorded" for r in got["false"] + got["true"]}))
+        lines.append(f"| {env_id} | {' | '.join(cells)} | {cpus} |")
     return lines + [""]

@@ -276,7 +276,10 @@ def test_the_bounded_distributions_get_their_own_table_and_stay_out_of_the_other
     text = (tmp_path / "returns.md").read_text()
     section = text.split("## Bounded action distributions")[1].split("## ")[0]
     # seeds 1-3: 3200 against 3000; ten-seed means over the seeds each has; tanh_gaussian has no rows yet
-    assert "| Hopper-v5 | 3200 ± 82 (3) | 3000 ± 82 (3) | 0.94 | — | — | 3300 (5), 3050 (4), — | abc1234 |" in section
+    assert (
+        "| Hopper-v5 | 3200 ± 82 (3) | 3000 ± 82 (3) | 0.94 | — | — | 3300 (5), 3050 (4), — | gaussian | abc1234 |"
+        in section
+    )
     assert "--distribution" not in text.split("## World sizes")[1]  # the world-size table: the preset's own runs
 
 
@@ -369,9 +372,43 @@ def test_ten_seeds_get_bootstrap_intervals_and_a_verdict_against_the_published_m
     lines = seed_intervals.ten_seed_table(rows, {env: 2609.0 for env in seed_intervals.COMPARED})
     (line,) = [x for x in lines if x.startswith("| Hopper-v5 |")]
     assert line == (
-        "| Hopper-v5 | 10 / 10 | 3055 [3010, 3100] | 0 [0, 0] | 2609 | above | 2955 [2910, 3000] | 0 [0, 0] | 0.967 "
-        "| no | AMD EPYC |"
+        "| Hopper-v5 | sync, gaussian | 10 / 10 | 3055 [3010, 3100] | 0 [0, 0] | 2955 [2910, 3000] | 0 [0, 0] | 0.967 "
+        "| no | 2609 | above | AMD EPYC |"
     )
+
+
+def test_a_preset_that_switches_keeps_the_meaning_of_its_rows(tmp_path, monkeypatch):
+    """HalfCheetah's preset turned overlap on after its rows ran: sync rows written before the settings columns
+    (their flags say what they ran) stay sync, `--overlap` rows become the preset's own, and a row with the
+    columns is read by them whatever its flags."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import seed_intervals
+    from returns_tables import write_table
+
+    preset = tmp_path / "halfcheetah.yaml"
+    preset.write_text("env_id: HalfCheetah-v5\noverlap: true\n")
+
+    def row(seed, mean, extra="", world="1", **columns):
+        return {"env": "HalfCheetah-v5", "seed": str(seed), "world_size": world, "total_steps": "1001472",
+                "eval_mean": str(mean), "config": str(preset), "extra_args": extra, "sync_mode": "params",
+                "commit": "abc1234", "cpu": "AMD EPYC", **columns}  # fmt: skip
+
+    rows = [row(s, 6000 + 10 * s) for s in range(1, 11)] + [row(1, 5000, world="2")]  # sync, before the columns
+    rows += [row(s, 5900 + 10 * s, "--overlap") for s in range(1, 10)]
+    rows += [row(10, 6000, overlap="true", distribution="gaussian")]  # a run of the preset as it is today
+    monkeypatch.setattr(seed_intervals, "intervals", lambda v: {"mean": (sum(v) / len(v), min(v), max(v)),
+                                                                "iqm": (0.0, 0.0, 0.0)})  # fmt: skip
+    write_table(tmp_path / "returns.md", rows)
+    text = (tmp_path / "returns.md").read_text()
+    # the 1M cell: the preset as it is today on seeds 1-3, the overlapped rows; the 2-learner run needs --no-overlap
+    assert "| HalfCheetah-v5 | 5920 ± 8 (3) |" in text and "| 5000 (1) with `--no-overlap` |" in text
+    ten = text.split("## Ten seeds")[1].split("## ")[0]
+    assert (
+        "| HalfCheetah-v5 | overlap, gaussian | 10 / 10 | 6055 [6010, 6100] | 0 [0, 0] | 5955 [5910, 6000] | 0 [0, 0] "
+        "| 0.983 | yes | 5819 | above | AMD EPYC |"
+    ) in ten
+    worlds = text.split("## World sizes")[1].split("## ")[0]
+    assert "| HalfCheetah-v5 | 2, params | `--no-overlap` | 5000 (1) | 0.83 |" in worlds
 
 
 def test_a_timing_leaves_out_the_warm_up_rounds(tmp_path):
