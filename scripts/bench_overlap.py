@@ -8,7 +8,7 @@ Run it alone on the machine: every figure is a wall-clock time. Each pass runs, 
 
 - base (with --base): `python train.py --env-id ENV` in the base revision (a git worktree): the env's preset, 1M
   steps, evaluation every 50 rounds;
-- sync: the same in this checkout;
+- sync: the same in this checkout with `--no-overlap` (sync rounds, whichever the preset has);
 - overlap: this checkout with `--overlap` (the actors collect round k+1 while the learner updates on round k);
 - overlap, 1 actor x 16 envs: the same round (the preset's samples) from one actor, so that on a 2-core machine the
   actor and the learner each have a core.
@@ -42,7 +42,8 @@ def variants(env_id: str) -> dict[str, list[str]]:
     cfg = parse_config(["--env-id", env_id], check_env=False)
     samples = cfg.actors_per_gpu * cfg.envs_per_actor * cfg.rollout_length
     one_actor = ["--actors-per-gpu", "1", "--envs-per-actor", "16", "--rollout-length", str(samples // 16)]
-    return {"sync": [], "overlap": ["--overlap"], "overlap, 1 actor x 16 envs": ["--overlap", *one_actor]}
+    # each says its rounds: a preset may overlap already (HalfCheetah's does)
+    return {"sync": ["--no-overlap"], "overlap": ["--overlap"], "overlap, 1 actor x 16 envs": ["--overlap", *one_actor]}
 
 
 def train(tree: Path, work: Path, name: str, flags: list[str]) -> dict:

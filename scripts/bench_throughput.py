@@ -161,7 +161,7 @@ def run_ppo_ddp(
         str(work),
         "--run-name",
         name,
-        *(["--overlap"] if overlap else []),
+        "--overlap" if overlap else "--no-overlap",  # the preset's own rounds may be either
         *args.flags,
     ]
     launcher = (
@@ -172,8 +172,8 @@ def run_ppo_ddp(
     peaks, wall = proc_tree.run_tree([*launcher, "train.py", *flags], log=work / f"{name}.log", cwd=args.trainer_root)
     timed = train_runs.timing(train_runs.read_metrics(work / name), args.warmup_rounds)
     if world == 1:
-        title = f"ppo_ddp, python train.py{' --overlap' if overlap else ''}, {actors} actors x {envs} envs x "
-        title += f"{rollout_length} steps"
+        rounds = "--overlap" if overlap else "--no-overlap"
+        title = f"ppo_ddp, python train.py {rounds}, {actors} actors x {envs} envs x {rollout_length} steps"
     else:
         title = f"ppo_ddp, torchrun {world} ranks, each {actors} actors x {envs} envs x {rollout_length} steps"
     return Result(title, timed.sps, timed.seconds, wall, peaks)
