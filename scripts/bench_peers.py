@@ -1,6 +1,7 @@
 """Time to score against the peers, on one machine, each trainer alone and on its own stock settings: ppo_ddp's
-preset (`python train.py --env-id ENV`; Humanoid's `scale/humanoid` too), rl_games with EnvPool (its stock
-`<env>_envpool.yaml` on the CPU) and SB3's PPO with the rl-baselines3-zoo's hyperparameters.
+preset (`python train.py --env-id ENV`, and the env's 10M preset where it has one: `scale/ant`, `scale/humanoid`),
+rl_games with EnvPool (its stock `<env>_envpool.yaml` on the CPU) and SB3's PPO with the rl-baselines3-zoo's
+hyperparameters.
 
     python scripts/bench_peers.py                                    # 5 envs, seeds 1-3 (SB3: seed 1), 20 min cap
     python scripts/bench_peers.py --envs Hopper-v5 --trainers ppo_ddp rl_games --seeds 1 --cap-minutes 5
@@ -187,6 +188,14 @@ class Run:
         self.log.close()
 
 
+def scale_presets(env_id: str) -> list[str]:
+    """The names of the env's large-batch presets (ppo_ddp/configs/scale/, e.g. `scale/humanoid`)."""
+    from ppo_ddp.configuration.loading import load_yaml_defaults
+
+    paths = sorted((ROOT / "ppo_ddp" / "configs" / "scale").glob("*.yaml"))
+    return [f"scale/{p.stem}" for p in paths if load_yaml_defaults(p).get("env_id") == env_id]
+
+
 def trainer_command(trainer: str, env_id: str, seed: int, work: Path) -> tuple[list[str], Path | None]:
     """The command of a run and, for ppo_ddp, the metrics.csv it writes (the peers report on stdout)."""
     if trainer.startswith("ppo_ddp"):
@@ -275,7 +284,7 @@ def table(rows: list[dict[str, str]]) -> str:
 
     def cell(t: float, group: list[dict[str, str]]) -> str:
         if t == float("inf"):
-            return f"not reached, > {float(group[0]['cap_seconds']) / 60:.0f} min"
+            return unreached(group)
         steps = statistics.median(int(r["reached_steps"]) for r in group if r["reached_seconds"])
         return f"{t / 60:.1f} min ({steps / 1e6:.2f}M steps)"
 
@@ -294,6 +303,21 @@ def table(rows: list[dict[str, str]]) -> str:
             lines.append(f"| {env_id} ({score}) | {trainer} | {seeds} | {cell(times[trainer], group)} | {ends} "
                          f"| {faster} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def unreached(group: list[dict[str, str]]) -> str:
+    """Why the median run missed the score: the cap came first, or the trainer's own budget ended before the cap
+    (ppo_ddp's 1M-step presets end in minutes; their steps and time say how far they went)."""
+    missed = [r for r in group if not r["reached_seconds"]]
+    capped = [r for r in missed if float(r["end_seconds"]) >= float(r["cap_seconds"])]
+    cap = f"> {float(group[0]['cap_seconds']) / 60:.0f} min"
+    if len(capped) == len(missed):
+        return f"not reached, {cap}"
+    if capped:
+        return f"not reached (its budget or {cap})"
+    steps = statistics.median(int(r["end_steps"]) for r in missed)
+    seconds = statistics.median(float(r["end_seconds"]) for r in missed)
+    return f"not reached in its budget ({steps / 1e6:.2f}M steps, {seconds / 60:.1f} min)"
 
 
 def speedup(theirs: float, ours: float, cap: float) -> str:
@@ -327,8 +351,8 @@ def main() -> None:
         done = {(r["env"], r["trainer"], r["seed"]) for r in read_rows(args.csv) if r.get("cpu") == cpu}
         for env_id in args.envs:
             runs = [(t, s) for t in args.trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
-            if env_id == "Humanoid-v5" and "ppo_ddp" in args.trainers:  # its 10M preset as well
-                runs += [("ppo_ddp scale/humanoid", s) for s in args.seeds]
+            if "ppo_ddp" in args.trainers:  # the env's 10M preset as well, where it has one
+                runs += [(f"ppo_ddp {name}", s) for name in scale_presets(env_id) for s in args.seeds]
             for trainer, seed in runs:
                 if args.skip_done_here and (env_id, trainer, str(seed)) in done:
                     continue

@@ -87,3 +87,18 @@ def test_rows_replace_their_own_and_the_table_takes_medians_and_caps(bench_peers
     assert "| 1.5 min (0.50M steps) |" in lines["ppo_ddp"]  # median of 60, 90, 120 s
     assert "| 5.0 min (0.70M steps) |" in lines["rl_games"] and lines["rl_games"].endswith("| 3.3x |")
     assert "not reached, > 20 min" in lines["sb3"] and lines["sb3"].endswith("| > 13.3x (theirs capped) |")
+
+
+def test_the_table_says_whether_a_miss_was_the_cap_or_the_trainers_own_budget(bench_peers):
+    def row(trainer, seed, end_steps, end_seconds):
+        return dict(env="Walker2d-v5", trainer=trainer, seed=str(seed), score="3000", reached_steps="",
+                    reached_seconds="", end_steps=str(end_steps), end_seconds=str(end_seconds), end_return="2900.0",
+                    cap_seconds="1200")  # fmt: skip
+
+    rows = [row("ppo_ddp", s, 1_001_472, t) for s, t in ((1, 131.0), (2, 144.3), (3, 130.4))]
+    rows += [row("rl_games", s, 9_000_000, 1200.2) for s in (1, 2, 3)]
+    rows += [row("sb3", 1, 800_000, 1200.1), row("sb3", 2, 1_000_000, 900.0)]
+    lines = {line.split(" | ")[1]: line for line in bench_peers.table(rows).splitlines() if "Walker" in line}
+    assert "| not reached in its budget (1.00M steps, 2.2 min) |" in lines["ppo_ddp"]
+    assert "| not reached, > 20 min |" in lines["rl_games"] and lines["rl_games"].endswith("| — |")
+    assert "| not reached (its budget or > 20 min) |" in lines["sb3"]
