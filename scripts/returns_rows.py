@@ -57,9 +57,24 @@ def settings(row: dict[str, str]) -> tuple[str, str]:
     before the columns ran presets that all had sync rounds and the Gaussian, so their flags say."""
     if row.get("overlap") and row.get("distribution"):
         return row["overlap"], row["distribution"]
-    flags = shape_flags(row["extra_args"])
-    distribution = flags[flags.index("--distribution") + 1] if "--distribution" in flags[:-1] else "gaussian"
-    return ("true" if "--overlap" in flags else "false"), distribution
+    given = split_settings(row["extra_args"])[0]
+    return given.get("overlap", "false"), given.get("distribution", "gaussian")
+
+
+def split_settings(extra_args: str) -> tuple[dict[str, str], list[str]]:
+    """The extra flags in two: the SETTINGS they give ({"overlap": "true", "distribution": "beta"}, from --overlap,
+    --no-overlap and --distribution NAME) and the other flags (an --actor-timeout stays, as in a row's key)."""
+    given: dict[str, str] = {}
+    rest: list[str] = []
+    flags = iter(shlex.split(extra_args))
+    for flag in flags:
+        if flag in ("--overlap", "--no-overlap"):
+            given["overlap"] = "true" if flag == "--overlap" else "false"
+        elif flag == "--distribution":
+            given["distribution"] = next(flags, "")
+        else:
+            rest.append(flag)
+    return given, rest
 
 
 @functools.cache
@@ -74,14 +89,8 @@ def preset_settings(config: str) -> tuple[str, str]:
 
 
 def other_flags(row: dict[str, str]) -> list[str]:
-    """The row's extra flags but those of SETTINGS (--overlap, --no-overlap, --distribution NAME); an
-    --actor-timeout stays, as in the row's key."""
-    out, flags = [], shlex.split(row["extra_args"])
-    for i, flag in enumerate(flags):
-        if flag in ("--overlap", "--no-overlap", "--distribution") or (i and flags[i - 1] == "--distribution"):
-            continue
-        out.append(flag)
-    return out
+    """The row's extra flags but those of SETTINGS."""
+    return split_settings(row["extra_args"])[1]
 
 
 def flags_today(row: dict[str, str]) -> list[str]:
