@@ -369,12 +369,16 @@ def test_ten_seeds_get_bootstrap_intervals_and_a_verdict_against_the_published_m
     # the table's own logic, with an interval that is easy to check: the range of the values
     monkeypatch.setattr(seed_intervals, "intervals", lambda v: {"mean": (sum(v) / len(v), min(v), max(v)),
                                                                 "iqm": (0.0, 0.0, 0.0)})  # fmt: skip
-    lines = seed_intervals.ten_seed_table(rows, {env: 2609.0 for env in seed_intervals.COMPARED})
-    (line,) = [x for x in lines if x.startswith("| Hopper-v5 |")]
-    assert line == (
-        "| Hopper-v5 | sync, gaussian | 10 / 10 | 3055 [3010, 3100] | 0 [0, 0] | 2955 [2910, 3000] | 0 [0, 0] | 0.967 "
-        "| no | 2609 | above | AMD EPYC |"
-    )
+    # the verdict is on the preset's own rounds: sync's interval lies above 2950, the overlapped one is level with it
+    for preset_overlap, verdict in (("false", "above"), ("true", "level")):
+        monkeypatch.setattr(seed_intervals, "preset_settings", lambda config, o=preset_overlap: (o, "gaussian"))
+        lines = seed_intervals.ten_seed_table(rows, {env: 2950.0 for env in seed_intervals.COMPARED})
+        (line,) = [x for x in lines if x.startswith("| Hopper-v5 |")]
+        rounds = "overlap" if preset_overlap == "true" else "sync"
+        assert line == (
+            f"| Hopper-v5 | {rounds}, gaussian | 10 / 10 | 3055 [3010, 3100] | 0 [0, 0] | 2955 [2910, 3000] | 0 [0, 0] "
+            f"| 0.967 | no | 2950 | {verdict} | AMD EPYC |"
+        )
 
 
 def test_a_preset_that_switches_keeps_the_meaning_of_its_rows(tmp_path, monkeypatch):
