@@ -191,6 +191,10 @@ def work(study: Any, objective: Objective, n_trials: int) -> int:
 
     while counted_trials(study) < n_trials:
         trial = study.ask()  # an enqueued trial, claimed by this worker alone (make_storage), or a sampled one
+        # optuna never counts a trial with no heartbeat as stale, and the thread's first write can come after the
+        # trainer has started: a worker killed in between would leave its trial RUNNING for good. So the first
+        # heartbeat is written here, before the trial's trainer exists.
+        study._storage.record_heartbeat(trial._trial_id)
         try:
             with get_heartbeat_thread(trial._trial_id, study._storage):
                 state, value = objective(trial)
