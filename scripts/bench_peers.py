@@ -285,7 +285,8 @@ def table(rows: list[dict[str, str]]) -> str:
     def cell(t: float, group: list[dict[str, str]]) -> str:
         if t == float("inf"):
             return unreached(group)
-        steps = statistics.median(int(r["reached_steps"]) for r in group if r["reached_seconds"])
+        # the steps of the same median, a seed that missed counting as never reaching it (as in median_time)
+        steps = statistics.median(float(r["reached_steps"]) if r["reached_seconds"] else float("inf") for r in group)
         return f"{t / 60:.1f} min ({steps / 1e6:.2f}M steps)"
 
     lines = ["| env (score) | trainer | seeds | time to score, median | return at the end | ppo_ddp faster |",

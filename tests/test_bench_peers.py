@@ -74,8 +74,8 @@ def test_rows_replace_their_own_and_the_table_takes_medians_and_caps(bench_peers
     put("ppo_ddp", 1, 999.0, 10)  # replaced below
     for seed, seconds in ((1, 60.0), (2, 120.0), (3, 90.0)):
         put("ppo_ddp", seed, seconds, 500_000 + seed)
-    for seed, seconds in ((1, 300.0), (2, ""), (3, 180.0)):  # seed 2 capped: the median is still 300
-        put("rl_games", seed, seconds, 700_000 if seconds else "")
+    for seed, seconds, steps in ((1, 300.0, 700_000), (2, "", ""), (3, 180.0, 400_000)):  # seed 2 capped
+        put("rl_games", seed, seconds, steps)  # the median is still seed 1's 300 s, and its steps those of seed 1
     put("sb3", 1, "")  # capped, its only seed
     put("ppo_ddp", 1, 60.0, 500_001)
     with open(path) as f:
