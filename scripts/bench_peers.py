@@ -273,9 +273,10 @@ def put_row(path: Path, row: dict) -> None:
         writer.writerows(rows)
 
 
-def median_time(rows: list[dict[str, str]]) -> float:
-    """The median time to score over seeds; inf where fewer than half the seeds reached it."""
-    return statistics.median(float(r["reached_seconds"]) if r["reached_seconds"] else float("inf") for r in rows)
+def median_time(rows: list[dict[str, str]], field: str = "reached_seconds") -> float:
+    """The median time to score over seeds (or, field "reached_steps", the steps at it); inf where fewer than half
+    the seeds reached it: a seed that missed counts as never reaching it."""
+    return statistics.median(float(r[field]) if r["reached_seconds"] else float("inf") for r in rows)
 
 
 def table(rows: list[dict[str, str]]) -> str:
@@ -285,8 +286,7 @@ def table(rows: list[dict[str, str]]) -> str:
     def cell(t: float, group: list[dict[str, str]]) -> str:
         if t == float("inf"):
             return unreached(group)
-        # the steps of the same median, a seed that missed counting as never reaching it (as in median_time)
-        steps = statistics.median(float(r["reached_steps"]) if r["reached_seconds"] else float("inf") for r in group)
+        steps = median_time(group, "reached_steps")  # the steps of the same median
         return f"{t / 60:.1f} min ({steps / 1e6:.2f}M steps)"
 
     lines = ["| env (score) | trainer | seeds | time to score, median | return at the end | ppo_ddp faster |",
