@@ -1,7 +1,7 @@
 """Time to score against the peers, on one machine, each trainer alone and on its own stock settings: ppo_ddp's
-preset (`python train.py --env-id ENV`, and the env's 10M preset where it has one: `scale/ant`, `scale/humanoid`),
-rl_games with EnvPool (its stock `<env>_envpool.yaml` on the CPU) and SB3's PPO with the rl-baselines3-zoo's
-hyperparameters.
+preset (`python train.py --env-id ENV`; where the preset overlaps its rounds, the same in sync rounds, `--no-overlap`;
+and the env's 10M preset where it has one: `scale/ant`, `scale/humanoid`), rl_games with EnvPool (its stock
+`<env>_envpool.yaml` on the CPU) and SB3's PPO with the rl-baselines3-zoo's hyperparameters.
 
     python scripts/bench_peers.py                                    # 5 envs, seeds 1-3 (SB3: seed 1), 20 min cap
     python scripts/bench_peers.py --envs Hopper-v5 --trainers ppo_ddp rl_games --seeds 1 --cap-minutes 5
@@ -14,7 +14,7 @@ ppo_ddp's `charts/episodic_return_avg100`), first reaches the env's score (SCORE
 trainer's own budget ends. Its row (docs/benchmarks/peers.csv, replacing an earlier row of the same env, trainer
 and seed) has the steps and seconds at the score, or none, and the steps, seconds and return at its end, with the
 CPU and the trainer's version. The table: the median over seeds of the time to score ("> cap" where fewer than half
-the seeds reached it), and ppo_ddp's speed-up over each peer.
+the seeds reached it), and the speed-up over each peer of ppo_ddp's fastest row (named where it has several).
 
 The peers run where they install, a venv of their own beside the project's (registry packages only; rl-games 1.6.5
 from PyPI runs EnvPool's v5 MuJoCo envs, its packaged configs name v4 and are read with v5, as its repository's main
@@ -188,18 +188,29 @@ class Run:
         self.log.close()
 
 
-def scale_presets(env_id: str) -> list[str]:
-    """The names of the env's large-batch presets (ppo_ddp/configs/scale/, e.g. `scale/humanoid`)."""
-    from ppo_ddp.configuration.loading import load_yaml_defaults
+def ppo_ddp_variants(env_id: str) -> list[str]:
+    """ppo_ddp's trainers for env_id: its preset; where the preset overlaps its rounds, the same preset in sync
+    rounds (`--no-overlap`), whose stochastic policy's training return, the measure here, runs ahead of the
+    overlapped one's (docs/design.md, "Overlapped rounds"); and the env's 10M presets (`scale/ant`)."""
+    from ppo_ddp.configuration.loading import load_config, load_yaml_defaults
 
-    paths = sorted((ROOT / "ppo_ddp" / "configs" / "scale").glob("*.yaml"))
-    return [f"scale/{p.stem}" for p in paths if load_yaml_defaults(p).get("env_id") == env_id]
+    scale = sorted((ROOT / "ppo_ddp" / "configs" / "scale").glob("*.yaml"))
+    sync = ["ppo_ddp --no-overlap"] if load_config(env_id=env_id).overlap else []
+    return [
+        "ppo_ddp",
+        *sync,
+        *(f"ppo_ddp scale/{p.stem}" for p in scale if load_yaml_defaults(p).get("env_id") == env_id),
+    ]
 
 
 def trainer_command(trainer: str, env_id: str, seed: int, work: Path) -> tuple[list[str], Path | None]:
-    """The command of a run and, for ppo_ddp, the metrics.csv it writes (the peers report on stdout)."""
+    """The command of a run and, for ppo_ddp, the metrics.csv it writes (the peers report on stdout). ppo_ddp's
+    trainers: "ppo_ddp" (the env's preset), "ppo_ddp --FLAG" (the preset and a flag), "ppo_ddp NAME" (preset NAME)."""
     if trainer.startswith("ppo_ddp"):
-        preset = ["--config", trainer.split()[1]] if " " in trainer else ["--env-id", env_id]
+        variant = trainer.split()[1:]
+        preset = (
+            ["--config", *variant] if variant and not variant[0].startswith("--") else ["--env-id", env_id, *variant]
+        )
         cmd = [sys.executable, str(ROOT / "train.py"), *preset, "--seed", str(seed), "--runs-dir", str(work),
                "--run-name", "run"]  # fmt: skip
         return cmd, work / "run" / "metrics.csv"
@@ -294,12 +305,15 @@ def table(rows: list[dict[str, str]]) -> str:
     for env_id, score in SCORES.items():
         mine = {r["trainer"] for r in rows if r["env"] == env_id}
         times = {t: median_time([r for r in rows if r["env"] == env_id and r["trainer"] == t]) for t in mine}
-        ours = min((times[t] for t in mine if t.startswith("ppo_ddp")), default=float("inf"))
+        ppo_ddp = sorted(t for t in mine if t.startswith("ppo_ddp"))
+        best = min(ppo_ddp, key=times.get, default=None)
+        ours = times[best] if best else float("inf")
+        named = f" (against {best})" if len(ppo_ddp) > 1 and ours < float("inf") else ""
         for trainer in sorted(mine):
             group = [r for r in rows if r["env"] == env_id and r["trainer"] == trainer]
             ends = ", ".join(f"{float(r['end_return']):.0f}" for r in group)
             cap = float(group[0]["cap_seconds"])
-            faster = "" if trainer.startswith("ppo_ddp") else speedup(times[trainer], ours, cap)
+            faster = "" if trainer.startswith("ppo_ddp") else speedup(times[trainer], ours, cap) + named
             seeds = " ".join(r["seed"] for r in group)
             lines.append(f"| {env_id} ({score}) | {trainer} | {seeds} | {cell(times[trainer], group)} | {ends} "
                          f"| {faster} |")  # fmt: skip
@@ -351,9 +365,10 @@ def main() -> None:
         known, cpu = versions(), cpu_model()
         done = {(r["env"], r["trainer"], r["seed"]) for r in read_rows(args.csv) if r.get("cpu") == cpu}
         for env_id in args.envs:
-            runs = [(t, s) for t in args.trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
-            if "ppo_ddp" in args.trainers:  # the env's 10M preset as well, where it has one
-                runs += [(f"ppo_ddp {name}", s) for name in scale_presets(env_id) for s in args.seeds]
+            trainers = [
+                t for name in args.trainers for t in (ppo_ddp_variants(env_id) if name == "ppo_ddp" else [name])
+            ]
+            runs = [(t, s) for t in trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
             for trainer, seed in runs:
                 if args.skip_done_here and (env_id, trainer, str(seed)) in done:
                     continue

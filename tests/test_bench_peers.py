@@ -102,3 +102,30 @@ def test_the_table_says_whether_a_miss_was_the_cap_or_the_trainers_own_budget(be
     assert "| not reached in its budget (1.00M steps, 2.2 min) |" in lines["ppo_ddp"]
     assert "| not reached, > 20 min |" in lines["rl_games"] and lines["rl_games"].endswith("| — |")
     assert "| not reached (its budget or > 20 min) |" in lines["sb3"]
+
+
+def test_ppo_ddp_runs_its_preset_sync_where_the_preset_overlaps_and_the_env_s_10m_presets(bench_peers, tmp_path):
+    # HalfCheetah's preset overlaps its rounds: its sync rounds run beside it; Ant's preset is sync and has a 10M one.
+    assert bench_peers.ppo_ddp_variants("HalfCheetah-v5") == ["ppo_ddp", "ppo_ddp --no-overlap"]
+    assert bench_peers.ppo_ddp_variants("Ant-v5") == ["ppo_ddp", "ppo_ddp scale/ant"]
+    commands = {t: bench_peers.trainer_command(t, "Ant-v5", 2, tmp_path)[0] for t in ("ppo_ddp", "ppo_ddp scale/ant")}
+    commands["ppo_ddp --no-overlap"] = bench_peers.trainer_command(
+        "ppo_ddp --no-overlap", "HalfCheetah-v5", 2, tmp_path
+    )[0]
+    tail = ["--seed", "2", "--runs-dir", str(tmp_path), "--run-name", "run"]
+    assert commands["ppo_ddp"][2:] == ["--env-id", "Ant-v5", *tail]
+    assert commands["ppo_ddp scale/ant"][2:] == ["--config", "scale/ant", *tail]
+    assert commands["ppo_ddp --no-overlap"][2:] == ["--env-id", "HalfCheetah-v5", "--no-overlap", *tail]
+
+
+def test_the_speed_up_is_ppo_ddp_s_fastest_row_s_named_where_it_has_several(bench_peers):
+    def row(trainer, seed, reached_seconds):
+        return dict(env="HalfCheetah-v5", trainer=trainer, seed=str(seed), score="5000", reached_steps="500000",
+                    reached_seconds=str(reached_seconds), end_steps="1001472", end_seconds="200.0",
+                    end_return="5100.0", cap_seconds="1200")  # fmt: skip
+
+    rows = [row("ppo_ddp", s, "") for s in (1, 2, 3)] + [row("ppo_ddp --no-overlap", s, 60.0 * s) for s in (1, 2, 3)]
+    rows += [row("rl_games", s, 600.0) for s in (1, 2, 3)]
+    lines = {line.split(" | ")[1]: line for line in bench_peers.table(rows).splitlines() if "Cheetah" in line}
+    assert "| 2.0 min (0.50M steps) |" in lines["ppo_ddp --no-overlap"]
+    assert lines["rl_games"].endswith("| 5.0x (against ppo_ddp --no-overlap) |")
