@@ -308,7 +308,7 @@ def table(rows: list[dict[str, str]]) -> str:
         ppo_ddp = sorted(t for t in mine if t.startswith("ppo_ddp"))
         best = min(ppo_ddp, key=times.get, default=None)
         ours = times[best] if best else float("inf")
-        named = f" (against {best})" if len(ppo_ddp) > 1 and ours < float("inf") else ""
+        named = f", against {best}" if len(ppo_ddp) > 1 and ours < float("inf") else ""
         for trainer in sorted(mine):
             group = [r for r in rows if r["env"] == env_id and r["trainer"] == trainer]
             ends = ", ".join(f"{float(r['end_return']):.0f}" for r in group)

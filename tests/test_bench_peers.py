@@ -128,4 +128,4 @@ def test_the_speed_up_is_ppo_ddp_s_fastest_row_s_named_where_it_has_several(benc
     rows += [row("rl_games", s, 600.0) for s in (1, 2, 3)]
     lines = {line.split(" | ")[1]: line for line in bench_peers.table(rows).splitlines() if "Cheetah" in line}
     assert "| 2.0 min (0.50M steps) |" in lines["ppo_ddp --no-overlap"]
-    assert lines["rl_games"].endswith("| 5.0x (against ppo_ddp --no-overlap) |")
+    assert lines["rl_games"].endswith("| 5.0x, against ppo_ddp --no-overlap |")
