@@ -192,15 +192,12 @@ def ppo_ddp_variants(env_id: str) -> list[str]:
     """ppo_ddp's trainers for env_id: its preset; where the preset overlaps its rounds, the same preset in sync
     rounds (`--no-overlap`), whose stochastic policy's training return, the measure here, runs ahead of the
     overlapped one's (docs/design.md, "Overlapped rounds"); and the env's 10M presets (`scale/ant`)."""
-    from ppo_ddp.configuration.loading import load_config, load_yaml_defaults
+    from ppo_ddp.configuration.loading import load_config
+    from ppo_ddp.configuration.presets import PRESET_DIR, name_of, presets
 
-    scale = sorted((ROOT / "ppo_ddp" / "configs" / "scale").glob("*.yaml"))
     sync = ["ppo_ddp --no-overlap"] if load_config(env_id=env_id).overlap else []
-    return [
-        "ppo_ddp",
-        *sync,
-        *(f"ppo_ddp scale/{p.stem}" for p in scale if load_yaml_defaults(p).get("env_id") == env_id),
-    ]
+    scale = [f"ppo_ddp {name_of(path)}" for (env, _), path in presets(PRESET_DIR / "scale").items() if env == env_id]
+    return ["ppo_ddp", *sync, *scale]
 
 
 def trainer_command(trainer: str, env_id: str, seed: int, work: Path) -> tuple[list[str], Path | None]:
