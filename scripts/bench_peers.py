@@ -289,7 +289,8 @@ def median_time(rows: list[dict[str, str]], field: str = "reached_seconds") -> f
 
 def table(rows: list[dict[str, str]]) -> str:
     """Markdown: per env, each trainer's median time to score (steps at it), its return at the end, ppo_ddp's
-    speed-up over rl_games and SB3."""
+    speed-up over rl_games and SB3, and the CPU its rows ran on (an env's rows are compared on one machine; a
+    batch may measure one env on one day's machine and the next env on another's)."""
 
     def cell(t: float, group: list[dict[str, str]]) -> str:
         if t == float("inf"):
@@ -297,8 +298,8 @@ def table(rows: list[dict[str, str]]) -> str:
         steps = median_time(group, "reached_steps")  # the steps of the same median
         return f"{t / 60:.1f} min ({steps / 1e6:.2f}M steps)"
 
-    lines = ["| env (score) | trainer | seeds | time to score, median | return at the end | ppo_ddp faster |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| env (score) | trainer | seeds | CPU | time to score, median | return at the end | ppo_ddp faster |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for env_id, score in SCORES.items():
         mine = {r["trainer"] for r in rows if r["env"] == env_id}
         times = {t: median_time([r for r in rows if r["env"] == env_id and r["trainer"] == t]) for t in mine}
@@ -312,8 +313,9 @@ def table(rows: list[dict[str, str]]) -> str:
             cap = float(group[0]["cap_seconds"])
             faster = "" if trainer.startswith("ppo_ddp") else speedup(times[trainer], ours, cap) + named
             seeds = " ".join(r["seed"] for r in group)
-            lines.append(f"| {env_id} ({score}) | {trainer} | {seeds} | {cell(times[trainer], group)} | {ends} "
-                         f"| {faster} |")  # fmt: skip
+            cpus = ", ".join(sorted({(r.get("cpu") or "?").replace("(R)", "") for r in group}))
+            lines.append(f"| {env_id} ({score}) | {trainer} | {seeds} | {cpus} | {cell(times[trainer], group)} "
+                         f"| {ends} | {faster} |")  # fmt: skip
     return "\n".join(lines)
 
 
