@@ -301,14 +301,16 @@ def table(rows: list[dict[str, str]]) -> str:
     lines = ["| env (score) | trainer | seeds | CPU | time to score, median | return at the end | ppo_ddp faster |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for env_id, score in SCORES.items():
-        mine = {r["trainer"] for r in rows if r["env"] == env_id}
-        times = {t: median_time([r for r in rows if r["env"] == env_id and r["trainer"] == t]) for t in mine}
-        ppo_ddp = sorted(t for t in mine if t.startswith("ppo_ddp"))
+        groups: dict[str, list[dict[str, str]]] = {}  # trainer -> its rows of this env
+        for r in rows:
+            if r["env"] == env_id:
+                groups.setdefault(r["trainer"], []).append(r)
+        times = {t: median_time(group) for t, group in groups.items()}
+        ppo_ddp = sorted(t for t in groups if t.startswith("ppo_ddp"))
         best = min(ppo_ddp, key=times.get, default=None)
         ours = times[best] if best else float("inf")
         named = f", against {best}" if len(ppo_ddp) > 1 and ours < float("inf") else ""
-        for trainer in sorted(mine):
-            group = [r for r in rows if r["env"] == env_id and r["trainer"] == trainer]
+        for trainer, group in sorted(groups.items()):
             ends = ", ".join(f"{float(r['end_return']):.0f}" for r in group)
             cap = float(group[0]["cap_seconds"])
             faster = "" if trainer.startswith("ppo_ddp") else speedup(times[trainer], ours, cap) + named
