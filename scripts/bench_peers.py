@@ -24,8 +24,9 @@ has them; CUDA's mixed precision, which Humanoid's config asks for, is off on th
     .venv-peers/bin/pip install torch==2.13.0
     .venv-peers/bin/pip install rl-games==1.6.5 envpool==1.2.5
 
-SB3 runs in the project's venv (`pip install -e ".[bench]"`: stable-baselines3 2.9.2). Nothing else may run on the
-machine meanwhile: every figure here is a wall-clock time.
+The peers' runs are scripts/peer_workers.py's. SB3 runs in the project's venv (`pip install -e ".[bench]"`:
+stable-baselines3 2.9.2). Nothing else may run on the machine meanwhile: every figure here is a wall-clock time.
+SIGTERM or SIGINT (Ctrl-C) stops the run in progress and ends the batch (exit 143 or 130), without its row.
 """
 
 from __future__ import annotations
@@ -49,82 +50,10 @@ SCORES = {"HalfCheetah-v5": 5000, "Hopper-v5": 3000, "Walker2d-v5": 3000, "Ant-v
 STOP_GRACE = 60.0  # seconds a stopped run may take to end its round and exit
 STOPPED = (0, -signal.SIGTERM, -signal.SIGKILL, 143)  # ended by its budget or by stop(); 143: ppo_ddp's SIGTERM exit
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+PEER_WORKERS = Path(__file__).resolve().parent / "peer_workers.py"  # the peers' runs: `peer_workers.py sb3 ENV SEED`
 CSV = ROOT / "docs" / "benchmarks" / "peers.csv"
 FIELDS = ["env", "trainer", "seed", "score", "reached_steps", "reached_seconds", "end_steps", "end_seconds",
           "end_return", "cap_seconds", "cpu", "version", "date"]  # fmt: skip
-
-ZOO = {  # rl-baselines3-zoo's hyperparams/ppo.yml (its v4 entries; Ant-v4: its MuJoCo defaults), normalize: true
-    "HalfCheetah-v5": dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
-                           clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096),
-    "Hopper-v5": dict(n_steps=512, batch_size=32, gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519,
-                      clip_range=0.2, n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671),
-    "Walker2d-v5": dict(n_steps=512, batch_size=32, gamma=0.99, learning_rate=5.05041e-05, ent_coef=0.000585045,
-                        clip_range=0.1, n_epochs=20, gae_lambda=0.95, max_grad_norm=1, vf_coef=0.871923),
-    "Ant-v5": dict(),
-    "Humanoid-v5": dict(n_steps=512, batch_size=256, gamma=0.95, learning_rate=3.56987e-05, ent_coef=0.00238306,
-                        clip_range=0.3, n_epochs=5, gae_lambda=0.9, max_grad_norm=2, vf_coef=0.431892),
-}  # fmt: skip
-ZOO_STEPS = {"Humanoid-v5": 10_000_000}  # n_timesteps; 1e6 for the others
-ZOO_NET = ("Ant-v5",)  # the envs that keep SB3's default policy (64-64 tanh, log_std 0); the rest: the zoo's below
-
-
-def progress(steps: int, ret: float) -> None:
-    """A worker's line for the parent: env steps and the training return so far (stamped when it arrives)."""
-    print(json.dumps({"steps": int(steps), "return": float(ret)}), flush=True)
-
-
-def sb3_worker(env_id: str, seed: int) -> None:
-    """SB3's PPO with the zoo's hyperparameters for env_id, in this process; a progress line per rollout."""
-    import torch.nn as nn
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    hyper = ZOO[env_id]
-    env = VecNormalize(make_vec_env(env_id, n_envs=1, seed=seed), gamma=hyper.get("gamma", 0.99))
-    policy_kwargs = None
-    if env_id not in ZOO_NET:
-        policy_kwargs = dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
-                             net_arch=dict(pi=[256, 256], vf=[256, 256]))  # fmt: skip
-
-    class Progress(BaseCallback):
-        def _on_step(self) -> bool:
-            return True
-
-        def _on_rollout_end(self) -> None:
-            infos = self.model.ep_info_buffer  # the last 100 episodes (Monitor, raw rewards)
-            if infos:
-                progress(self.num_timesteps, sum(i["r"] for i in infos) / len(infos))
-
-    model = PPO("MlpPolicy", env, seed=seed, policy_kwargs=policy_kwargs, verbose=0, device="cpu", **hyper)
-    model.learn(ZOO_STEPS.get(env_id, 1_000_000), callback=Progress())
-
-
-def rl_games_worker(env_id: str, seed: int) -> None:
-    """rl_games' PPO on its stock <env>_envpool.yaml (v5, on the CPU), in this process; a progress line an epoch."""
-    import rl_games
-    import yaml
-    from rl_games.common.algo_observer import DefaultAlgoObserver
-    from rl_games.torch_runner import Runner
-
-    stock = Path(rl_games.__file__).parent / "configs" / "mujoco" / f"{env_id.split('-')[0].lower()}_envpool.yaml"
-    params = yaml.safe_load(stock.read_text().replace("-v4", "-v5"))["params"]
-    params["seed"] = seed
-    config = params["config"]
-    config["env_config"]["seed"] = seed
-    config.update(device="cpu", device_name="cpu", mixed_precision=False)
-
-    class Progress(DefaultAlgoObserver):
-        def after_print_stats(self, frame: int, epoch_num: int, total_time: float) -> None:
-            super().after_print_stats(frame, epoch_num, total_time)
-            if self.algo.game_rewards.current_size > 0:  # the last 100 episodes (raw rewards, before shaping)
-                # `frame` is the count from before the epoch it reports on; the algo's own is after it
-                progress(self.algo.frame // self.algo.num_agents, float(self.algo.game_rewards.get_mean()[0]))
-
-    runner = Runner(algo_observer=Progress())
-    runner.load({"params": params})
-    runner.run({"train": True, "play": False, "checkpoint": None, "sigma": None})
 
 
 class Run:
@@ -188,6 +117,29 @@ class Run:
         self.log.close()
 
 
+class StopRequest:
+    """SIGTERM or SIGINT to the batch, once received: measure() stops the run in progress and the batch ends. The
+    run sits in a session of its own (a terminal's Ctrl-C reaches only the batch), so without this it would outlive
+    a SIGTERM, or a SIGINT to a batch started in the background, where SIGINT is ignored. The handler only records
+    the signal, never raises: an exception from it could land while the run is being started, leaving it untracked."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._record)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.signum = signum
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+
+STOP = StopRequest()
+
+
 def ppo_ddp_variants(env_id: str) -> list[str]:
     """ppo_ddp's trainers for env_id: its preset; where the preset overlaps its rounds, the same preset in sync
     rounds (`--no-overlap`), whose stochastic policy's training return, the measure here, runs ahead of the
@@ -211,13 +163,12 @@ def trainer_command(trainer: str, env_id: str, seed: int, work: Path) -> tuple[l
         cmd = [sys.executable, str(ROOT / "train.py"), *preset, "--seed", str(seed), "--runs-dir", str(work),
                "--run-name", "run"]  # fmt: skip
         return cmd, work / "run" / "metrics.csv"
-    if trainer == "rl_games":
-        return [str(PEERS_PYTHON), str(Path(__file__).resolve()), "--rl-games-worker", env_id, str(seed)], None
-    return [sys.executable, str(Path(__file__).resolve()), "--sb3-worker", env_id, str(seed)], None
+    python = PEERS_PYTHON if trainer == "rl_games" else Path(sys.executable)
+    return [str(python), str(PEER_WORKERS), trainer, env_id, str(seed)], None
 
 
-def measure(trainer: str, env_id: str, seed: int, cap: float) -> dict:
-    """One run, to the score, the cap or the end of its own budget, whichever comes first."""
+def measure(trainer: str, env_id: str, seed: int, cap: float) -> dict | None:
+    """One run, to the score, the cap or the end of its own budget, whichever comes first; None if STOP came first."""
     score = SCORES[env_id]
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
         work = Path(tmp)
@@ -225,7 +176,7 @@ def measure(trainer: str, env_id: str, seed: int, cap: float) -> dict:
         run = Run(cmd, work, metrics_csv)
         reached = None
         try:
-            while run.proc.poll() is None and time.monotonic() - run.start < cap:
+            while run.proc.poll() is None and time.monotonic() - run.start < cap and not STOP:
                 reached = next((p for p in run.points if p[2] >= score), None)
                 if reached:
                     break
@@ -233,6 +184,8 @@ def measure(trainer: str, env_id: str, seed: int, cap: float) -> dict:
             end_seconds = time.monotonic() - run.start
         finally:
             run.stop()
+        if STOP:
+            return None
         time.sleep(0.3)  # the reader's last points
         reached = reached or next((p for p in run.points if p[2] >= score and p[0] <= cap), None)
         if run.proc.returncode not in STOPPED and not reached:
@@ -343,11 +296,25 @@ def speedup(theirs: float, ours: float, cap: float) -> str:
     return f"> {cap / ours:.1f}x (theirs capped)" if theirs == float("inf") else f"{theirs / ours:.1f}x"
 
 
+def run_batch(args: argparse.Namespace, known: dict[str, str], cpu: str, done: set[tuple[str, str, str]]) -> None:
+    """Every run the arguments ask for, in turn, each row written as it ends."""
+    for env_id in args.envs:
+        trainers = [t for name in args.trainers for t in (ppo_ddp_variants(env_id) if name == "ppo_ddp" else [name])]
+        runs = [(t, s) for t in trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
+        for trainer, seed in runs:
+            if args.skip_done_here and (env_id, trainer, str(seed)) in done:
+                continue
+            row = None if STOP else measure(trainer, env_id, seed, args.cap_minutes * 60)
+            if row is None:  # STOP: the run in progress, if any, was stopped
+                return
+            row.update(cpu=cpu, version=known[trainer.split()[0]], date=time.strftime("%Y-%m-%d"))
+            put_row(args.csv, row)
+            print(f"[{time.strftime('%H:%M:%S')}] {trainer} {env_id} seed {seed}: reached at "
+                  f"{row['reached_seconds'] or '-'} s / {row['reached_steps'] or '-'} steps; end "
+                  f"{row['end_return']} at {row['end_seconds']} s", flush=True)  # fmt: skip
+
+
 def main() -> None:
-    if sys.argv[1:2] in (["--sb3-worker"], ["--rl-games-worker"]):
-        worker = sb3_worker if sys.argv[1] == "--sb3-worker" else rl_games_worker
-        worker(sys.argv[2], int(sys.argv[3]))
-        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", nargs="+", default=list(SCORES), choices=list(SCORES))
     p.add_argument("--trainers", nargs="+", default=["ppo_ddp", "rl_games", "sb3"],
@@ -363,22 +330,15 @@ def main() -> None:
 
         if "rl_games" in args.trainers and not PEERS_PYTHON.exists():
             p.error(f"rl_games needs its venv at {PEERS_PYTHON}: see this script's docstring")
+        STOP.install()
         known, cpu = versions(), cpu_model()
         done = {(r["env"], r["trainer"], r["seed"]) for r in read_rows(args.csv) if r.get("cpu") == cpu}
-        for env_id in args.envs:
-            trainers = [
-                t for name in args.trainers for t in (ppo_ddp_variants(env_id) if name == "ppo_ddp" else [name])
-            ]
-            runs = [(t, s) for t in trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
-            for trainer, seed in runs:
-                if args.skip_done_here and (env_id, trainer, str(seed)) in done:
-                    continue
-                row = measure(trainer, env_id, seed, args.cap_minutes * 60)
-                row.update(cpu=cpu, version=known[trainer.split()[0]], date=time.strftime("%Y-%m-%d"))
-                put_row(args.csv, row)
-                print(f"[{time.strftime('%H:%M:%S')}] {trainer} {env_id} seed {seed}: reached at "
-                      f"{row['reached_seconds'] or '-'} s / {row['reached_steps'] or '-'} steps; end "
-                      f"{row['end_return']} at {row['end_seconds']} s", flush=True)  # fmt: skip
+        run_batch(args, known, cpu, done)
+        if STOP:
+            name = signal.Signals(STOP.signum).name
+            print(f"bench_peers: stopped by {name}; the run in progress was stopped, its row not written",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(128 + STOP.signum)
     from benchmark_returns import read_rows
 
     print(table(read_rows(args.csv)))

@@ -180,13 +180,20 @@ def test_bad_resume_and_run_flags(argv, message, capsys):
     assert len(lines) == 1 and message in lines[0], lines
 
 
-def test_unwritable_runs_dir_is_one_line_and_exit_2(tmp_path, run_train):
+def test_unwritable_runs_dir_is_one_line_and_exit_2(tmp_path, capsys, restore_signal_handlers):
+    # through main() in-process, as train.py runs it (the command line's own path: the test below)
+    from ppo_ddp.configuration.loading import parse_config
+    from ppo_ddp.runner.launch import main
+
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    proc = run_train(*SMALL, "--total-timesteps", "64", "--runs-dir", str(blocker))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+    cfg = parse_config([*SMALL, "--total-timesteps", "64", "--runs-dir", str(blocker)])
+    with pytest.raises(SystemExit) as exit_info:
+        main(cfg)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [text for text in err.splitlines() if text.strip()]
+    assert len(lines) == 1, err
     assert re.fullmatch(
         rf"train\.py: error: runs_dir='{re.escape(str(blocker))}': cannot write the run folder "
         rf"{re.escape(str(blocker))}/\S+: Not a directory",

@@ -5,6 +5,11 @@ return to the first at the score, its row is kept per env, trainer and seed, and
 from __future__ import annotations
 
 import csv
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,12 +38,13 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
     # A score any reported return reaches: the run stops at its first report (ppo_ddp's metrics.csv row with a
     # return over the last 100 episodes; the peers' line after their first rollout), long before budget or cap.
     monkeypatch.setitem(bench_peers.SCORES, "Hopper-v5", 1.0)
+    rollout = 64  # ppo_ddp's: the preset's rounds (2 actors x 1 env) of 64 steps an env, not 1024
     if trainer == "ppo_ddp":  # the preset's first round, without its compile (~20 s that this test does not need)
         command = bench_peers.trainer_command
 
         def without_compile(*args):
             cmd, metrics_csv = command(*args)
-            return cmd + ["--no-compile"], metrics_csv
+            return cmd + ["--no-compile", "--rollout-length", str(rollout)], metrics_csv
 
         monkeypatch.setattr(bench_peers, "trainer_command", without_compile)
     looks = []  # the run's shared-memory blocks just before its stop and just after
@@ -54,7 +60,7 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
     assert row["env"] == "Hopper-v5" and row["trainer"] == trainer and row["score"] == 1.0
     assert 0 < row["reached_seconds"] <= row["end_seconds"] < 600 and row["cap_seconds"] == 600
     preset = load_yaml_defaults(ROOT / "ppo_ddp" / "configs" / "hopper.yaml")
-    ours = preset["actors_per_gpu"] * preset["envs_per_actor"] * preset["rollout_length"]
+    ours = preset["actors_per_gpu"] * preset["envs_per_actor"] * rollout
     first = {"ppo_ddp": ours, "sb3": 512, "rl_games": 64 * 64}[trainer]  # hopper_envpool.yaml: 64 envs, horizon 64
     assert row["reached_steps"] % first == 0 and 0 < row["reached_steps"] <= row["end_steps"]
     assert row["end_return"] >= 1.0
@@ -129,3 +135,54 @@ def test_the_speed_up_is_ppo_ddp_s_fastest_row_s_named_where_it_has_several(benc
     lines = {line.split(" | ")[1]: line for line in bench_peers.table(rows).splitlines() if "Cheetah" in line}
     assert "| 2.0 min (0.50M steps) |" in lines["ppo_ddp --no-overlap"]
     assert lines["rl_games"].endswith("| 5.0x, against ppo_ddp --no-overlap |")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_batch_stops_the_run_in_progress_and_writes_no_row(tmp_path, sig):
+    rows = tmp_path / "rows.csv"
+    batch = subprocess.Popen(
+        [sys.executable, "scripts/bench_peers.py", "--envs", "Hopper-v5", "--trainers", "ppo_ddp", "--seeds", "1",
+         "--csv", str(rows)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # as a batch started in the background: no signals but the test's
+    )  # fmt: skip
+    try:
+        run = started_run(batch.pid)  # the trainer, leading a process group of its own
+        os.kill(batch.pid, sig)
+        _, err = batch.communicate(timeout=90)
+    finally:
+        batch.kill()
+    assert batch.returncode == 128 + sig, err
+    assert err.strip().endswith(f"stopped by {sig.name}; the run in progress was stopped, its row not written")
+    deadline = time.monotonic() + 10  # the run's own children (forkserver, actors) end with it
+    while group(run) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not group(run)
+    assert not rows.exists()
+
+
+def started_run(parent: int, timeout: float = 60.0) -> int:
+    """The pid of the parent's child once it runs train.py."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+            try:
+                if b"train.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+            except OSError:  # gone meanwhile
+                continue
+        time.sleep(0.05)
+    pytest.fail(f"bench_peers started no run within {timeout} s")
+
+
+def group(pgid: int) -> list[int]:
+    """The live processes of a process group (zombies left out: they have ended)."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(entry))
+    return pids

@@ -41,11 +41,13 @@ def test_preset_parses_into_a_valid_config(preset):
 
 
 # Two benchmark_returns.py recording at once (a seed each): every row of both ends up in the CSV. Both start
-# writing together, once both have imported (seconds), so that their writes interleave.
+# writing together, once both have imported (seconds), so that their writes interleave. The evaluation's module, which
+# the rows do not use, is left out: it would import torch (~3 s of CPU in each process).
 PUT_ROWS = """
-import sys, time
+import sys, time, types
 from pathlib import Path
 sys.path.insert(0, "scripts")
+sys.modules["ppo_ddp.evaluation.playback"] = types.SimpleNamespace(evaluate_policy=None, load_policy=None)
 from benchmark_returns import FIELDS, put_row
 csv_path, writer = Path(sys.argv[1]), sys.argv[2]
 (csv_path.parent / f"ready_{writer}").touch()
@@ -169,7 +171,9 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
             "22",
             "--work-dir",
             str(tmp_path / "mem"),
-            "--flags=--no-compile",
+            # the check's plumbing on rounds of the defaults' 2048 steps (one actor of 16 envs), with one epoch and no
+            # evaluation (the defaults' final one is 10 episodes of 1000 steps, in a process of its own)
+            "--flags=--no-compile --actors-per-gpu 1 --envs-per-actor 16 --update-epochs 1 --eval-interval 0",
         ],
         cwd=ROOT,
         env=env,
@@ -182,10 +186,13 @@ def test_benchmark_throughput_end_to_end_on_a_tiny_budget(tmp_path):
 
 
 def test_bench_scale_end_to_end_on_a_tiny_budget():
-    # One timed round of the Humanoid preset against a limit of half a second per measurement: the plumbing and
-    # the arithmetic of the printed lines, not the speed.
-    cmd = [sys.executable, "scripts/bench_scale.py", "--seconds", "0.5", "--warmup-rounds", "1", "--rounds", "1"]
-    cmd += ["--flags=--no-compile"]  # a new shape's compile is ~20 s, before the timed round
+    # One timed round of the Humanoid preset, on rounds of 128 steps (1 actor x 4 envs x 32 steps, the preset's
+    # network and update otherwise), against a limit of one process stepping for 0.2 s per measurement: the plumbing
+    # and the arithmetic of the printed lines, not the speed.
+    cmd = [sys.executable, "scripts/bench_scale.py", "--cores", "1", "--seconds", "0.2"]
+    cmd += ["--warmup-rounds", "1", "--rounds", "1"]
+    # a new shape's compile is ~20 s, before the timed round
+    cmd += ["--flags=--no-compile --actors-per-gpu 1 --envs-per-actor 4 --rollout-length 32"]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -201,9 +208,9 @@ def test_bench_scale_end_to_end_on_a_tiny_budget():
 
 
 def test_profile_pool_end_to_end_on_a_tiny_budget():
-    # Every row of the pool's profile on a small Hopper shape, a fraction of a second each: the plumbing, and each
-    # ratio is its row's rate over the first row's, not the speed.
-    flags = "--envs-per-actor 2 --rollout-length 16"
+    # Every row of the pool's profile on a small Hopper shape (a pool of one actor), a fraction of a second each: the
+    # plumbing, and each ratio is its row's rate over the first row's, not the speed.
+    flags = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 16"
     cmd = [sys.executable, "scripts/profile_pool.py", "--config", "ppo_ddp/configs/hopper.yaml", "--flags", flags]
     cmd += ["--cores", "1", "--seconds", "0.3", "--cprofile", "5"]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
@@ -263,7 +270,14 @@ def test_the_partly_observed_rows_get_their_own_table(tmp_path, monkeypatch):
 
 def test_the_bounded_distributions_get_their_own_table_and_stay_out_of_the_others(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import seed_intervals
     from returns_tables import write_table
+
+    # The Gaussian's five seeds also make a row of the ten-seed table, whose bootstrap (50,000 resamples, ~10 s of CPU;
+    # test_ten_seeds_get_bootstrap_intervals_... tests it) this test does not read: the values' range stands in.
+    monkeypatch.setattr(seed_intervals, "CACHE", tmp_path / "cache.json")
+    monkeypatch.setattr(seed_intervals, "intervals", lambda v: {"mean": (sum(v) / len(v), min(v), max(v)),
+                                                                "iqm": (0.0, 0.0, 0.0)})  # fmt: skip
 
     def row(seed, mean, extra="", world="1"):
         return {"env": "Hopper-v5", "seed": str(seed), "world_size": world, "total_steps": "1001472",

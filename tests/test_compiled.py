@@ -1,12 +1,15 @@
-"""The compiled PPO step (ppo_ddp/algorithm/compiled.py) against the eager one: the same function, the same numbers.
+"""The compiled PPO step (ppo_ddp/algorithm/compiled.py) against the eager one: the same function, the same numbers,
+compiled for the mini-batches a run compiles for and never recompiled; and a train.py run that compiles it, once,
+before its first round.
 
-A new shape's compile costs ~20 s on the 2-core machine, so the options are grouped: every option the update has
-is in one of the configs below, each compiles once, and the shapes are those of the suite's train.py runs, so
-inductor's on-disk cache builds each step once for the whole suite."""
+A new shape's compile costs ~20 s of CPU on the 2-core machine, so the options are grouped: every option the update
+has is in one of the configs below, each compiles once, and the train.py run of this file trains the default shape
+one of them compiled, loading that step from inductor's on-disk cache (a few seconds) instead of building it again."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -18,10 +21,12 @@ import torch
 import torch._dynamo
 from test_train import SMALL, read_csv, run
 
+from ppo_ddp import evaluate
 from ppo_ddp.algorithm.compiled import compile_functions
 from ppo_ddp.algorithm.learner import Learner
 from ppo_ddp.algorithm.ppo_step import FlatAdam
 from ppo_ddp.configuration.config import Config
+from ppo_ddp.configuration.validation import minibatch_rows
 from ppo_ddp.models.factory import make_model
 from ppo_ddp.models.gru import RecurrentActorCritic
 from ppo_ddp.models.mlp import ActorCritic
@@ -33,13 +38,22 @@ OBS, ACT, B, MINIBATCHES = 11, 3, 64, 4
 CRITIC = 7  # the width of the privileged critic's observation (critic_obs)
 BOUNDS = (np.array([-0.4, -1.0, 0.0], np.float32), np.array([0.4, 1.0, 2.0], np.float32))  # the bounded ones
 
-# Every option of the update is in one of these (with target_kl low enough to stop after the first epoch).
+# Every option of the update is in one of these (with target_kl low enough to stop after the first epoch), grouped so
+# that options which change the traced graph share a compile where they can: 5 compiles instead of 7.
 CONFIGS = {
+    # the default network, the graph of the train.py run below (test_single_process_run_then_evaluate): ent_coef,
+    # normalize_value and target_kl are tensors or the learner's, outside the graph
     "tanh-clip_vloss-ent-normalize_value-target_kl": Config(ent_coef=0.01, normalize_value=True, target_kl=1e-4),
-    "relu-deep-no_clip_vloss-adaptive_lr-threads": Config(
+    # one trunk for policy and value (rl_games' separate: False): the value loss's gradient reaches the policy's
+    # layers; a deep trunk, the unclipped value loss, the bounds loss, the adaptive rate, two learner threads
+    "relu-deep-shared_trunk-no_clip_vloss-bounds_loss-adaptive_lr-threads": Config(
         activation="relu",
         hidden_sizes=(32, 16, 8),
+        shared_trunk=True,
         clip_vloss=False,
+        normalize_value=True,
+        vf_coef=4.0,
+        bounds_loss_coef=0.01,
         anneal_lr=False,
         adaptive_lr=True,
         learner_threads=2,
@@ -53,30 +67,21 @@ CONFIGS = {
         distribution="beta",
         ent_coef=0.01,
     ),  # fmt: skip
-    # one trunk for policy and value (rl_games' separate: False): the value loss's gradient reaches the policy's layers
-    "elu-shared_trunk-normalize_value": Config(
-        activation="elu",
-        hidden_sizes=(32, 16),
-        shared_trunk=True,
-        normalize_value=True,
-        vf_coef=4.0,
-        bounds_loss_coef=0.01,
-    ),  # fmt: skip
-    # the recurrent policy: mini-batches of chunks, unrolled from their entering states with resets inside
-    "gru-chunks": Config(
-        policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), ent_coef=0.01, bounds_loss_coef=0.01
-    ),
-    # a GRU policy with an MLP critic of its own observation
-    "gru-critic_obs": Config(policy="gru", seq_length=4, rnn_hidden_size=8, hidden_sizes=(16,), critic_obs="full_obs"),
-    # a head MLP on the GRU's state, between it and the linear heads (rnn_head_sizes); a tanh-squashed Gaussian
-    "gru-head-tanh_gaussian": Config(
+    # the recurrent policy: mini-batches of chunks, unrolled from their entering states with resets inside (chunks of
+    # 2 steps: the graph unrolls every step, and 2 cost ~5 s less to compile than 4)
+    "gru-chunks": Config(policy="gru", seq_length=2, rnn_hidden_size=8, hidden_sizes=(16,), ent_coef=0.01),
+    # a GRU policy with an MLP critic of its own observation; a head MLP on the GRU's state, between it and the
+    # linear heads (rnn_head_sizes); a tanh-squashed Gaussian; the bounds loss on the GRU's policy
+    "gru-critic_obs-head-tanh_gaussian-bounds_loss": Config(
         policy="gru",
-        seq_length=4,
+        seq_length=2,
         rnn_hidden_size=8,
         hidden_sizes=(16,),
+        critic_obs="full_obs",
         rnn_head_sizes=(12, 10),
         distribution="tanh_gaussian",
         ent_coef=0.01,
+        bounds_loss_coef=0.01,
     ),  # fmt: skip
 }
 
@@ -110,11 +115,13 @@ def batch_for(model: ActorCritic | RecurrentActorCritic, seed: int) -> RolloutBa
 def learner_for(cfg: Config, compile: bool) -> Learner:
     torch.manual_seed(0)
     model = make_model(cfg, OBS, ACT, CRITIC if cfg.critic_obs else 0, BOUNDS)
-    cfg = dataclasses.replace(cfg, update_epochs=3, num_minibatches=MINIBATCHES)
+    # rounds of B samples (one actor's 2 envs x B/2 steps), as batch_for makes them
+    cfg = dataclasses.replace(
+        cfg, update_epochs=3, num_minibatches=MINIBATCHES, envs_per_actor=2, rollout_length=B // 2
+    )
     learner = Learner(cfg, model, torch.device("cpu"))
-    if compile:
-        rows = B // (cfg.seq_length if cfg.policy == "gru" else 1)
-        assert learner.compile(rows // MINIBATCHES) is None
+    if compile:  # for the mini-batches a run compiles for (the trainer's minibatch_rows: samples, or a GRU's chunks)
+        assert learner.compile(minibatch_rows(cfg, 1)) is None
     return learner
 
 
@@ -155,6 +162,40 @@ def test_compiled_step_equals_eager_step(name):
             assert c[key] == pytest.approx(e[key], rel=1e-3, abs=1e-5), key
     if cfg.target_kl is not None:
         assert eager_metrics[0]["losses/epochs"] < 3  # the early stop was exercised
+
+
+# ---- a train.py run that compiles, on a shape compiled above (inductor's cache: loaded, not built again) -----------
+# Must follow test_compiled_step_equals_eager_step in this file, whose tanh-... config builds it.
+
+
+def test_single_process_run_then_evaluate(tmp_path, capsys):
+    proc = run(
+        [
+            sys.executable,
+            "train.py",
+            *SMALL,
+            "--total-timesteps",
+            "256",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--run-name",
+            "solo",
+            "--compile",  # the default a user gets, over SMALL's --no-compile
+        ],
+        tmp_path,
+        debug=False,
+        env={"TORCH_LOGS": "recompiles"},  # dynamo logs any recompilation of the step
+    )
+    run_dir = tmp_path / "runs" / "solo"
+    assert len(read_csv(run_dir / "metrics.csv")) == 3  # 256 steps / 64 per round, round 0 seeding the statistics
+    assert "done:" in proc.stdout
+    # the step compiled before the first round and never again (three rounds trained)
+    assert "compiled in" in proc.stdout and "Recompiling" not in proc.stderr, proc.stderr[-2000:]
+    evaluate.main([str(run_dir / "model_solo.pt"), "--episodes", "2"])  # `python -m ppo_ddp.evaluate`'s main
+    out = capsys.readouterr().out
+    assert "mean return" in out and "2 deterministic episodes" in out
+    value = float(out.split("mean return")[1].split()[0])
+    assert math.isfinite(value)
 
 
 def test_a_compiler_that_fails_leaves_the_step_eager(monkeypatch):
@@ -335,9 +376,13 @@ def _scaled_sum(x: torch.Tensor) -> torch.Tensor:
     return (2.0 * x).sum()
 
 
-def test_config_after_config_in_one_process_never_reaches_dynamo_s_recompile_limit():
+def test_config_after_config_in_one_process_never_reaches_dynamo_s_recompile_limit(monkeypatch):
     # The Python API's train() in a loop compiles one step after another in one process, each of another shape;
     # dynamo's recompile limit (8; 1 here, to show it with two) used to fail the ninth, which then ran eagerly.
+    # The limit is dynamo's (its cache of graphs per function), whatever compiles the graphs: dynamo's "eager" backend
+    # here, instead of building two C++ kernels with inductor for it (~3 s each).
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda f, **kwargs: compile_(f, **{**kwargs, "backend": "eager"}))
     with torch._dynamo.config.patch(recompile_limit=1):
         for n in (3, 5):
             parts, problem = compile_functions([_scaled_sum], lambda f, n=n: f(torch.ones(n)), [])

@@ -3,8 +3,11 @@ with its own statistics, from the actor's env to the learner's mini-batch, for M
 
 In-process actors on ScriptedPrivileged-v0 (tests/scripted_env.py: episodes of 3 steps terminated, 4 truncated, 2
 both; info["full_obs"] is [tag, k, s, 10 s + k]) check what arrives row for row, the on-policy identity and the
-truncation's bootstrap by hand; runs on ppo_ddp/HopperNoVel-v5 (whose full_obs starts with the policy's five
-positions) check the statistics merged over ranks, both sync modes, exact resume, evaluation and export."""
+truncation's bootstrap by hand; a run on ppo_ddp/HopperNoVel-v5 (whose full_obs starts with the policy's five
+positions) checks exact resume. The runs of several ranks share launches with other tests (a torchrun launch costs ~10 s
+of CPU before its first round): the statistics merged over ranks, evaluation and export are checked on
+tests/test_overlap.py's two-rank run, two overlapped GRU ranks that average gradients with a privileged critic on
+tests/test_launch_security.py's launch test's run."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ if str(TESTS_DIR) not in sys.path:
 
 import scripted_env  # noqa: E402
 from test_exact_resume import assert_a_stopped_learner_resumes_exactly  # noqa: E402
-from test_train import ROOT, dump, torchrun  # noqa: E402
+from test_train import ROOT  # noqa: E402
 
 from ppo_ddp.configuration.config import Config  # noqa: E402
 from ppo_ddp.configuration.validation import validate  # noqa: E402
@@ -166,41 +169,9 @@ def test_an_env_without_the_key_is_refused_at_start_in_one_line():
     ]
 
 
-# ---- runs on HopperNoVel-v5: 2 ranks x 1 actor x 2 envs x 32 steps a round ----------------------------------------
+# ---- a run on HopperNoVel-v5 --------------------------------------------------------------------------------------
+# Two ranks merging the critic's statistics, evaluation and export: tests/test_overlap.py, on its two-rank run.
 PRIVILEGED = ["--env-id", "ppo_ddp/HopperNoVel-v5", "--critic-obs", "full_obs"]
-POSITIONS = 5  # HopperNoVel's observation: Hopper-v5's first five entries, which full_obs starts with
-
-
-def test_two_ranks_merge_the_critic_statistics_as_the_policy_s_then_evaluate_and_export(tmp_path):
-    """params mode: after every round both ranks hold the same critic statistics, counting every row of both, and
-    their entries of the policy's positions are the policy's statistics to the bit (the same data merged the same
-    way); the run (which values the privileged next observations again at every epoch) evaluates, and its
-    checkpoint evaluates and exports the policy alone."""
-    proc = torchrun(tmp_path, *PRIVILEGED, "--recompute-advantages", "--eval-interval", "2")
-    assert "eval of round 4" in proc.stdout, proc.stdout
-    for k in range(5):
-        a, b = dump(tmp_path, 0, k), dump(tmp_path, 1, k)
-        assert a["critic_obs"].shape == (1, 32, 2, 11)
-        for key in ("mean", "var"):
-            assert torch.equal(a["critic_rms"][key], b["critic_rms"][key])
-            assert torch.equal(a["critic_rms"][key][:POSITIONS], a["obs_rms"][key])
-        assert a["critic_rms"]["count"] == b["critic_rms"]["count"] == a["obs_rms"]["count"] == 128 * (k + 1)
-    checkpoint = tmp_path / "runs" / "t" / "model_t.pt"
-    state = torch.load(checkpoint, weights_only=True)
-    assert state["critic_dim"] == 11 and state["critic_obs_rms_state"]["mean"].shape == (11,)
-    export = ["ppo_ddp.export", str(checkpoint), "--format", "torchscript", "--output", str(tmp_path / "p.pt")]
-    for args in (["ppo_ddp.evaluate", str(checkpoint), "--episodes", "1"], export):
-        done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-    policy = torch.jit.load(str(tmp_path / "p.pt"))
-    assert policy(torch.zeros(1, POSITIONS)).shape == (1, 3)  # the policy's observation in, no privileged one
-
-
-def test_two_overlapped_gru_ranks_that_average_gradients_stay_identical_with_a_privileged_critic(tmp_path):
-    torchrun(tmp_path, *PRIVILEGED, "--sync-mode", "gradients", "--overlap", "--policy", "gru", "--seq-length", "8",
-             "--rnn-hidden-size", "8", "--hidden-sizes", "16", rounds=2)  # fmt: skip
-    for k in (1, 2):
-        assert torch.equal(dump(tmp_path, 0, k)["params"], dump(tmp_path, 1, k)["params"])
 
 
 def test_a_run_with_a_privileged_critic_stopped_by_sigterm_resumes_exactly(tmp_path):

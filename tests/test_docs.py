@@ -41,6 +41,19 @@ def test_relative_links_resolve() -> None:
     assert not broken, "\n".join(broken)
 
 
+def test_the_tests_the_docs_cite_exist() -> None:
+    """A doc or docstring that names a test (`test_resume_on_another_world_size`, `tests/test_dmc.py`) names one that
+    exists: a test renamed or merged takes its citations along."""
+    tests = ROOT / "tests"
+    names = {p.stem for p in tests.glob("test_*.py")}
+    for path in tests.glob("*.py"):
+        names |= set(re.findall(r"^def (test_\w+)", path.read_text(), flags=re.M))
+    cited = [*DOCS, *(ROOT / "ppo_ddp").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]
+    missing = [f"{path.relative_to(ROOT)}: {name}" for path in cited
+               for name in re.findall(r"\b(test_\w+)", path.read_text()) if name not in names]  # fmt: skip
+    assert not missing, "\n".join(missing)
+
+
 def test_slug_matches_github() -> None:
     assert slug("Tracking: Weights & Biases, TensorBoard's HParams") == "tracking-weights--biases-tensorboards-hparams"
     assert slug("Recurrent policies (`policy: gru`)") == "recurrent-policies-policy-gru"

@@ -7,6 +7,7 @@ A flag renamed, a preset removed, a script moved: the doc that still names it fa
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shlex
@@ -46,12 +47,47 @@ REPO_PATH = re.compile(
 )
 
 
-def help_command(name: str) -> list[str]:
-    if name == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--help"]
-    if name.startswith(("scripts/", "examples/")):
-        return [sys.executable, name, "--help"]
-    return [sys.executable, "-m", f"ppo_ddp.{name}", "--help"]
+HELP = """
+import json, os, runpy, sys
+import gymnasium, torch  # imported by most of the programs: once, here, before the forks
+results = {}
+for name in sys.argv[1:]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the program as `python -m ppo_ddp.NAME --help`, `python SCRIPT --help` or `torchrun --help`
+        os.close(read)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        code = 1
+        try:
+            if name == "torchrun":
+                sys.argv = ["torchrun", "--help"]
+                runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+            elif "/" in name:
+                sys.argv, sys.path[0] = [name, "--help"], os.path.dirname(os.path.abspath(name))
+                runpy.run_path(name, run_name="__main__")
+            else:
+                sys.argv = [name, "--help"]
+                runpy.run_module(f"ppo_ddp.{name}", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    results[name] = (os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), text)
+print(json.dumps(results))
+"""
+"""Runs each program named in argv with --help, its output and status as JSON: each in a fork of this process, which
+imported torch and gymnasium first, as a fresh interpreter would for the program (ppo_ddp's modules and the
+scripts' are imported by each fork itself). torch's import, ~2.5 s of CPU, is paid once, not once a program."""
 
 
 def help_flags(text: str, described: bool) -> set[str]:
@@ -75,19 +111,20 @@ def doc_commands(doc: Path, text: str) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def flags() -> dict[str, set[str] | None]:
     """Each program the docs run, our four, their scripts and torchrun, with the flags its --help lists (the
-    --help of every one run at once); None for a script that does not exist."""
+    --help of each one run by HELP); None for a script that does not exist."""
     scripts = {
         name for doc in DOCS for c in doc_commands(doc, doc.read_text()) if (name := program(c)[0]) and "/" in name
     }
     names = [*PROGRAMS, "torchrun", *sorted(s for s in scripts if (ROOT / s).is_file())]
     env = {**os.environ, "COLUMNS": "250", "CUDA_VISIBLE_DEVICES": ""}
-    procs = {n: subprocess.Popen(help_command(n), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True) for n in names}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", HELP, *names], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
     found: dict[str, set[str] | None] = dict.fromkeys(scripts)
-    for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{name} --help: exit {proc.returncode}\n{out[-2000:]}"
+    for name, (code, out) in json.loads(proc.stdout).items():
+        assert code == 0, f"{name} --help: exit {code}\n{out[-2000:]}"
         found[name] = help_flags(out, described=name != "train")
+    assert set(names) <= set(found)
     return found
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,13 +61,23 @@ def finished(proc: subprocess.Popen) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    """A finished run's folder: trained in a directory of its own that holds the robot as robots/trotter.xml."""
+    """A finished run's folder: trained in a directory of its own that holds the robot as robots/trotter.xml, by
+    train.py's main in this process (started in that directory; no interpreter to start)."""
+    from ppo_ddp.configuration.loading import parse_config
+    from ppo_ddp.runner.launch import main
+
     work = tmp_path_factory.mktemp("work")
     (work / "robots").mkdir()
     shutil.copy(TROTTER, work / "robots" / "trotter.xml")
-    args = [str(ROOT / "train.py"), *TINY, "--env-kwargs", json.dumps(OPTIONS), "--runs-dir", "runs", "--run-name", "r"]
-    code, out, err = finished(python(args, work))
-    assert code == 0, f"{out[-2000:]}\n{err[-3000:]}"
+    argv = [*TINY, "--env-kwargs", json.dumps(OPTIONS), "--runs-dir", "runs", "--run-name", "r"]
+    cwd, handlers = os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    os.chdir(work)
+    try:
+        main(parse_config(argv), ["train.py", *argv])
+    finally:
+        os.chdir(cwd)
+        for s, h in handlers.items():
+            signal.signal(s, h)
     return work / "runs" / "r"
 
 

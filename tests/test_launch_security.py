@@ -1,5 +1,9 @@
 """Launching safely (docs/reliability.md): every torch.load is weights-only, our launch of several learners
-listens on loopback only, two nodes meet through a c10d rendezvous, the Slurm example is valid bash."""
+listens on loopback only, the Slurm example is valid bash (two nodes meeting through a c10d rendezvous:
+tests/test_reliability.py).
+
+A launch of two learners costs ~10 s of CPU before its first round, so our launch's run also serves a test of
+tests/test_overlap.py's, checked here: it trains an overlapped GRU with a privileged critic."""
 
 from __future__ import annotations
 
@@ -10,11 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
+import pytest
 import torch
-import yaml
-from launches import ROOT, TORCHRUN, Launch, assert_same_state, dump, process_tree, train_args
-from test_train import read_csv
+from launches import ROOT, Launch, dump, process_tree, train_args
 
 
 # --------------------------------------------------------------------------------------- 6: security
@@ -61,68 +63,54 @@ def _listening_sockets(pids: set[int]) -> list[str]:
     return found
 
 
-def test_our_launch_of_several_learners_listens_on_loopback_only(tmp_path):
-    # `python train.py --num-gpus 2` on a 2-GPU box takes this path; here on CPU.
+PRIVILEGED = ["--env-id", "ppo_ddp/HopperNoVel-v5", "--critic-obs", "full_obs"]
+
+
+@pytest.fixture(scope="module")
+def our_launch(tmp_path_factory) -> tuple[Path, Launch, list[str], int]:
+    """Our launch of two learners (`python train.py --num-gpus 2` on a 2-GPU box takes this path; here on CPU) of
+    an overlapped GRU with a privileged critic, averaging gradients. Once rank 1 has dumped round 3, the launch's
+    listening sockets are read, then Ctrl-C goes to the launcher alone. (tmp, the launch, the sockets' addresses, its
+    exit status.) The rounds are tests/test_overlap.py's GRU test's, checked here: one launch for both."""
+    tmp = tmp_path_factory.mktemp("launch")
     code = (
         "import sys; from ppo_ddp.configuration.topology import TrainingTopology; "
         "from ppo_ddp.runner.launch import launch_learners; "
         'launch_learners(TrainingTopology(2, 1, "cpu"), sys.argv[1:])'
     )
-    run = Launch([sys.executable, "-c", code, *train_args(tmp_path, "l", 40)], tmp_path, "l", debug=tmp_path / "debug")
-    run.wait_for_dump(1, 2)
+    gru = ["--policy", "gru", "--seq-length", "4", "--rnn-hidden-size", "8", "--hidden-sizes", "16"]
+    flags = [*PRIVILEGED, "--overlap", "--sync-mode", "gradients", *gru]
+    run = Launch([sys.executable, "-c", code, *train_args(tmp, "l", 40, *flags)], tmp, "l", debug=tmp / "debug")
+    run.wait_for_dump(1, 3)
     addresses = _listening_sockets(process_tree(run.proc.pid))
     os.kill(run.proc.pid, signal.SIGINT)  # Ctrl-C to the launcher: forwarded, the learners save and stop
-    rc = run.wait()
+    return tmp, run, addresses, run.wait()
+
+
+def test_our_launch_of_several_learners_listens_on_loopback_only(our_launch):
+    _, run, addresses, rc = our_launch
     assert addresses, "no listening socket found: the probe is broken"
     assert set(addresses) <= {"127.0.0.1", "::1"}, addresses
     assert rc == 130, run.output()
     assert "stopped by SIGINT" in run.stdout and "Resume with: python train.py" in run.stdout, run.output()
 
 
+def test_an_overlapped_gru_with_a_privileged_critic_acts_as_the_round_before_last_ranks_identical(our_launch):
+    """(tests/test_overlap.py's, on this run.) A GRU's rollout (chunk states, episode starts) and the critic's own
+    observations (HopperNoVel-v5's full_obs) through both rollout slots, 2 ranks averaging gradients, the privileged
+    critic's included: each round acts with the weights of the round before the last (round 0 seeds the statistics
+    and trains nothing), and the ranks stay bitwise identical."""
+    debug = our_launch[0] / "debug"
+    for k in (1, 2, 3):
+        a, b = dump(debug, 0, k), dump(debug, 1, k)
+        assert a["critic_obs"].shape[-1] == 11  # the privileged observation, beside the policy's five positions
+        assert torch.equal(a["behaviour_params"], dump(debug, 0, max(k - 2, 0))["params"]), k
+        assert torch.equal(a["params"], b["params"]), k
+
+
 # ------------------------------------------------------------------------------------- 7: two nodes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_nodes_on_one_machine(tmp_path):
-    """Two torchrun launches of one process each, meeting through a c10d rendezvous on 127.0.0.1."""
-    port = _free_port()
-    launcher = [
-        *TORCHRUN,
-        "--nnodes=2",
-        "--nproc_per_node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        "--rdzv-id=two-nodes",
-    ]
-    args = train_args(tmp_path, "n", 4, "--obs-clip", "1e9")
-    nodes = [Launch([*launcher, *args], tmp_path, f"node{n}", debug=tmp_path / "debug") for n in range(2)]
-    for node in nodes:
-        assert node.wait() == 0, node.output()
-    rounds = [(dump(tmp_path / "debug", 0, i), dump(tmp_path / "debug", 1, i)) for i in range(0, 5)]  # 0: seeding
-    a, b = rounds[0]
-    assert (a["rank"], b["rank"], a["world_size"], b["world_size"]) == (0, 1, 2, 2)
-    assert a["local_rank"] == b["local_rank"] == 0 and {a["node_rank"], b["node_rank"]} == {0, 1}
-    seen = []
-    for a, b in rounds:
-        assert torch.equal(a["params"], b["params"])
-        for d in (a, b):
-            obs = d["obs"].reshape(-1, d["obs"].shape[-1]).double().numpy()
-            frozen = d["frozen_obs_rms"]
-            if frozen is not None:  # undo the actors' normalisation (obs_clip is huge: nothing was clipped)
-                from ppo_ddp.models.normalization import EPSILON
-
-                obs = obs * np.sqrt(frozen["var"].numpy() + EPSILON) + frozen["mean"].numpy()
-            seen.append(obs)
-        everything = np.concatenate(seen)
-        assert_same_state(a["obs_rms"], b["obs_rms"], "statistics on both nodes")
-        assert a["obs_rms"]["count"] == len(everything)
-        np.testing.assert_allclose(a["obs_rms"]["mean"].numpy(), everything.mean(0), rtol=1e-4, atol=1e-5)
-    saved = yaml.safe_load((tmp_path / "runs" / "n" / "config.yaml").read_text())
-    assert saved["world_size"] == 2
-    assert len(read_csv(tmp_path / "runs" / "n" / "metrics.csv")) == 4
+# Two nodes on one machine meeting through a c10d rendezvous: tests/test_reliability.py, test_two_nodes_on_one_machine
+# (the launch of its resume tests' uninterrupted run).
 
 
 def test_slurm_script_is_valid_bash():

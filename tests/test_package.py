@@ -1,5 +1,5 @@
 """A newcomer with only the wheel: build it, install it into a fresh venv, and from an empty directory outside the
-checkout train Hopper-v5 on its preset, evaluate and export the checkpoint, run a two-trial search, and run the
+checkout train Hopper-v5 on its preset, evaluate and export the checkpoint, run a one-trial search, and run the
 README's Python example (`from ppo_ddp import Config, load_config, train`) to a finished run. Nothing may come from
 the checkout. And the pins of requirements.txt against pyproject's ranges."""
 
@@ -132,9 +132,10 @@ def test_a_newcomer_with_only_the_wheel_trains_evaluates_exports_searches(wheel_
     assert (where / "policy.pt").stat().st_size > 0
 
     (where / "space.yaml").write_text(yaml.safe_dump(SPACE))
-    search = ["ppo-ddp-tune", "--space", "space.yaml", "--study", "s", "--n-trials", "2", "--seed", "0"]
+    # one trial: its trainer and evaluations run from the wheel (a second trial is the same again, ~9 s of CPU)
+    search = ["ppo-ddp-tune", "--space", "space.yaml", "--study", "s", "--n-trials", "1", "--seed", "0"]
     tuned = run(search, where, env, timeout=600)
-    assert "trial 0 complete" in tuned.stdout and "trial 1 complete" in tuned.stdout, tuned.stdout
+    assert "trial 0 complete" in tuned.stdout, tuned.stdout
     assert (where / "runs" / "tune" / "s" / "best_Hopper-v5.yaml").is_file()
 
     # The README's Python example as a reader runs it (shortened: tests/doc_code.py), from the wheel alone.

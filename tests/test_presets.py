@@ -9,7 +9,6 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch._dynamo
 
 from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.loading import load_config, load_yaml_defaults, parse_config
@@ -163,10 +162,10 @@ def test_flag_value_reads_the_last_spelling_tyro_would_keep():
 # ---- every preset trains two rounds ------------------------------------------------------------------------------
 @pytest.fixture
 def in_process():
-    """train.py's main in this process, eager (the compiled step has its own tests): signal handlers put back."""
+    """train.py's main in this process: signal handlers put back. The runs say compile=False themselves (the compiled
+    step has its own tests): dynamo's config patched here would not reach the thread the step compiles on."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    with torch._dynamo.config.patch(disable=True):
-        yield
+    yield
     for s, h in saved.items():
         signal.signal(s, h)
 
@@ -185,7 +184,7 @@ def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process, ca
     # round 0 seeds the statistics, then two rounds train, of the preset's shape and mini-batches; one epoch each
     # and no evaluation (its full episodes), to keep 20 presets to seconds each: both have tests of their own. A
     # long actor timeout: on a loaded machine a round of 1024 steps per env can outlast the default's 60 s margin.
-    short = dict(total_timesteps=3 * per_round, eval_interval=0, update_epochs=1, actor_timeout=600.0)
+    short = dict(total_timesteps=3 * per_round, eval_interval=0, update_epochs=1, actor_timeout=600.0, compile=False)
     main(dataclasses.replace(cfg, **short))
     assert f"{env_id}, preset {cfg.config}: 2 rounds of {per_round} steps" in capsys.readouterr().out
     with open(tmp_path / "p" / "metrics.csv", newline="") as f:
@@ -197,7 +196,7 @@ def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, in_process, 
 
     tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 1".split()
     main(parse_config(["--env-id", "Pendulum-v1", *tiny, "--total-timesteps", "192", "--eval-interval", "0",
-                       "--runs-dir", str(tmp_path), "--run-name", "p"]))  # fmt: skip
+                       "--no-compile", "--runs-dir", str(tmp_path), "--run-name", "p"]))  # fmt: skip
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("Pendulum-v1, no preset for Pendulum-v1 in ppo_ddp, so Config's defaults (tuned on "
                             "HalfCheetah-v5): 2 rounds of 64 steps")  # fmt: skip
@@ -210,8 +209,8 @@ def test_a_run_that_recomputes_advantages_trains_its_rounds(tmp_path, in_process
 
     tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 2".split()
     main(parse_config(["--env-id", "Hopper-v5", *tiny, "--recompute-advantages", "--normalize-value",
-                       "--total-timesteps", "192", "--eval-interval", "0", "--runs-dir", str(tmp_path),
-                       "--run-name", "r"]))  # fmt: skip
+                       "--total-timesteps", "192", "--eval-interval", "0", "--no-compile", "--runs-dir",
+                       str(tmp_path), "--run-name", "r"]))  # fmt: skip
     with open(tmp_path / "r" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["global_step"]) for r in rows] == [128, 192]

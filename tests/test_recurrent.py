@@ -140,7 +140,12 @@ def test_the_unroll_s_written_out_backward_is_autograd_s():
     torch.testing.assert_close(last, states[-1])
     for name, a, b in zip(("x_proj", "h0", "w_hh", "b_hh"), got, expected):
         torch.testing.assert_close(a, b, msg=name)
-    assert torch.autograd.gradcheck(lambda *a: unroll(*a[:2], starts, *a[2:])[0], (x, h0, w_hh, b_hh))
+    # and against finite differences, every input's whole Jacobian, over the first 6 steps of 2 envs (a fifth of the
+    # whole chunk's cost), resets inside them
+    few, two = slice(0, 6), slice(0, 2)
+    assert starts[few, two][1:].sum() >= 2
+    x_few, h0_few = x[few, two].detach().clone().requires_grad_(), h0[two].detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: unroll(*a[:2], starts[few, two], *a[2:])[0], (x_few, h0_few, w_hh, b_hh))
 
 
 def test_without_gradients_the_unroll_is_the_plain_loop_to_the_bit():

@@ -6,8 +6,7 @@ episodes start inside chunks, at their first step and across rounds."""
 
 from __future__ import annotations
 
-import os
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,8 +19,9 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 import scripted_env  # noqa: E402
-from test_train import ROOT, TIMEOUT, dump, torchrun  # noqa: E402
+from test_train import dump, torchrun  # noqa: E402
 
+from ppo_ddp import evaluate  # noqa: E402
 from ppo_ddp.configuration.config import Config  # noqa: E402
 from ppo_ddp.envs.make import env_seed  # noqa: E402
 from ppo_ddp.models.factory import make_model  # noqa: E402
@@ -49,9 +49,10 @@ def config(**kw) -> Config:
     return Config(**{**defaults, **kw})
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def actor_rounds():
-    """Rounds of one in-process actor, new weights each round: (model, the rollout's arrays) per round."""
+    """Rounds of one in-process actor, new weights each round: (model, the rollout's arrays) per round; sampled once
+    for the tests that read them."""
     cfg = config()
     torch.manual_seed(0)
     model = make_model(cfg, 3, 2)
@@ -131,28 +132,35 @@ def test_a_truncation_bootstraps_from_the_state_after_its_step(actor_rounds):
 
 
 # ---- runs: torchrun, both sync modes, resume, evaluate ---------------------------------------------------------
-# The shapes of tests/test_compiled.py's GRU config (Hopper's sizes, chunks of 4, mini-batches of 4 chunks), so the
-# params-mode run (compiled, over SMALL's --no-compile) loads that compiled step from inductor's cache.
+# One 2-rank run in sync_mode "gradients" serves both tests: its ranks are checked, then a copy of it is resumed in
+# the default sync_mode "params" (a checkpoint resumes in either mode) and evaluated. Eager, as SMALL says: the
+# compiled GRU step has its own tests (tests/test_compiled.py: against the eager one, compiled for the mini-batches
+# of chunks a run compiles for, never recompiled).
 GRU = ["--policy", "gru", "--seq-length", "4", "--rnn-hidden-size", "8", "--hidden-sizes", "16"]
 
 
-def test_a_gru_policy_trains_on_two_ranks_resumes_and_evaluates(tmp_path):
-    first = torchrun(tmp_path, *GRU, "--compile", rounds=2)
-    assert "done: 384 steps" in first.stdout, first.stdout
-    resumed = torchrun(tmp_path, *GRU, "--resume", "auto", rounds=4)
-    assert "resumed from" in resumed.stdout and "done: 640 steps" in resumed.stdout, resumed.stdout
-    checkpoint = tmp_path / "runs" / "t" / "model_t.pt"
-    assert torch.load(checkpoint, weights_only=True)["config"]["policy"] == "gru"
-    evaluation = subprocess.run(
-        [sys.executable, "-m", "ppo_ddp.evaluate", str(checkpoint), "--episodes", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
-    )  # fmt: skip
-    assert evaluation.returncode == 0 and "mean return" in evaluation.stdout, evaluation.stdout + evaluation.stderr
+@pytest.fixture(scope="module")
+def gradients_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("gru_gradients")
+    proc = torchrun(tmp_path, *GRU, "--sync-mode", "gradients", rounds=2)
+    return tmp_path, proc
 
 
-def test_gru_ranks_that_average_gradients_stay_bitwise_identical(tmp_path):
-    torchrun(tmp_path, *GRU, "--sync-mode", "gradients", rounds=2)
+def test_gru_ranks_that_average_gradients_stay_bitwise_identical(gradients_run):
+    tmp_path, _ = gradients_run
     for i in (1, 2):
         a, b = dump(tmp_path, 0, i), dump(tmp_path, 1, i)
         assert torch.equal(a["params"], b["params"]), i
         assert a["metrics"]["losses/policy_loss"] != b["metrics"]["losses/policy_loss"]  # each on its own chunks
+
+
+def test_a_gru_policy_trains_on_two_ranks_resumes_and_evaluates(gradients_run, tmp_path, capsys):
+    source, first = gradients_run
+    assert "done: 384 steps" in first.stdout, first.stdout
+    shutil.copytree(source / "runs", tmp_path / "runs")  # the fixture's run stays as it is for the other test
+    resumed = torchrun(tmp_path, *GRU, "--resume", "auto", rounds=3)  # one more round
+    assert "resumed from" in resumed.stdout and "done: 512 steps" in resumed.stdout, resumed.stdout
+    checkpoint = tmp_path / "runs" / "t" / "model_t.pt"
+    assert torch.load(checkpoint, weights_only=True)["config"]["policy"] == "gru"
+    evaluate.main([str(checkpoint), "--episodes", "2"])  # `python -m ppo_ddp.evaluate`'s main
+    assert "mean return" in capsys.readouterr().out

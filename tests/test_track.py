@@ -65,15 +65,22 @@ def wandb_run(run_dir: Path) -> dict:
     return runs
 
 
+EARLIER_ID = "0ea71e40"
+"""The W&B id an earlier run left in the run folder (run_log.WANDB_ID_FILE): the first session is a fresh start there,
+which must begin a W&B run of its own rather than continue that one. (Two launches, not three: W&B's finish with
+TensorBoard synced waits ~10 s, and a third launch, a fresh start after the resumed session, proved no more.)"""
+
+
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("track")
-    train(tmp_path, 192, *TRACK)  # round 0 and 2 rounds
-    first = wandb_run(tmp_path / "runs" / "w")
+    run_dir = tmp_path / "runs" / "w"
+    run_dir.mkdir(parents=True)
+    (run_dir / "wandb_id").write_text(EARLIER_ID + "\n")
+    train(tmp_path, 192, *TRACK)  # a fresh start in the earlier run's folder: round 0 and 2 rounds
+    first, id_after_first = wandb_run(run_dir), (run_dir / "wandb_id").read_text().strip()
     train(tmp_path, 320, *TRACK, "--resume", "auto")  # resumed: 2 rounds more
-    resumed = wandb_run(tmp_path / "runs" / "w")
-    train(tmp_path, 192, *TRACK)  # a fresh start in the same folder
-    return tmp_path / "runs" / "w", first, resumed, wandb_run(tmp_path / "runs" / "w")
+    return run_dir, first, id_after_first, wandb_run(run_dir)
 
 
 def test_the_wandb_run_holds_the_training_scalars_and_the_resolved_config(tracked):
@@ -92,9 +99,12 @@ def test_the_wandb_run_holds_the_training_scalars_and_the_resolved_config(tracke
 
 
 def test_a_resumed_run_continues_the_same_wandb_run_and_a_fresh_start_begins_another(tracked):
-    run_dir, (first,), runs, (*_, fresh) = tracked
+    run_dir, (first,), id_after_first, runs = tracked
+    # the fresh start: a W&B run of its own, not the earlier one whose id the folder held, and its id kept there
+    assert first["id"] != EARLIER_ID and id_after_first == first["id"]
+    # the resumed session: the same W&B run, the id kept
     assert len(runs) == 2 and runs[0]["id"] == runs[1]["id"] == first["id"]
-    assert fresh["id"] != first["id"] and (run_dir / "wandb_id").read_text().strip() == fresh["id"]
+    assert (run_dir / "wandb_id").read_text().strip() == first["id"]
     second = [int(float(row["global_step"])) for row in runs[1]["history"] if "charts/episodic_return" in row]
     assert second == [256, 320]  # the resumed rounds, nothing logged twice
     assert int(runs[1]["config"]["total_timesteps"]) == 320  # the config of the latest session

@@ -1,15 +1,16 @@
 """End to end on CPU: real torchrun (gloo), real actor processes, real MuJoCo envs, a few small rounds.
 
 Every rank dumps its view of each round (PPO_DDP_DEBUG_DIR), so the tests can compare ranks with each
-other and with what rank 0 logged.
+other and with what rank 0 logged. One 2-rank run serves the tests of a run's outputs, its ranks, its parameter
+syncs and its evaluations while training (issue 14), and a copy of it resumed those of a resume.
 """
 
 from __future__ import annotations
 
 import csv
-import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,13 @@ import pytest
 import torch
 import yaml
 
-from ppo_ddp.models.normalization import EPSILON
+from ppo_ddp.configuration.config import Config
+from ppo_ddp.envs.make import make_env
+from ppo_ddp.evaluation.evaluator import eval_seed, play_episodes
+from ppo_ddp.models.factory import make_model
+from ppo_ddp.models.flat import read_flat_parameters
+from ppo_ddp.models.mlp import ActorCritic
+from ppo_ddp.models.normalization import EPSILON, Moments
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 4
@@ -31,8 +38,8 @@ ROUNDS = 4
 # the tests are of sync rounds (round k's values from round k-1's update), unless one says --overlap after SMALL,
 # whichever rounds Hopper's preset has (it overlaps since issue 59).
 # --no-compile: loading the compiled step from inductor's cache costs each process ~4-5 s of CPU, a third of a
-# two-rank test's; the runs about the compiled step say --compile (it is also checked against the eager one in-process,
-# tests/test_compiled.py).
+# two-rank test's; the runs about the compiled step say --compile (tests/test_compiled.py, which also checks it
+# against the eager one in-process).
 SMALL = [
     "--env-id",
     "Hopper-v5",
@@ -115,12 +122,29 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+# Evaluation every 2 rounds, of 2 episodes; the ranks' parameters synced every third round (and after the last), so
+# that round 2's ranks differ: the evaluated policy is their average.
+EVAL = ["--eval-interval", "2", "--eval-episodes", "2", "--param-sync-interval", "3"]
+
+
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory):
-    # obs_clip is huge so the raw observations can be recovered from the normalised buffer exactly.
+    """One 2-rank run (`torchrun -m ppo_ddp.train`) for the tests of its outputs, its ranks, its evaluations and its
+    parameter syncs. obs_clip is huge so the raw observations can be recovered from the normalised buffer exactly."""
     tmp_path = tmp_path_factory.mktemp("two_rank")
-    proc = torchrun(tmp_path, "--obs-clip", "1e9")
+    proc = torchrun(tmp_path, "--obs-clip", "1e9", *EVAL, entry=("-m", "ppo_ddp.train"))
     return tmp_path, proc
+
+
+@pytest.fixture(scope="module")
+def resumed_run(two_rank_run, tmp_path_factory):
+    """A copy of two_rank_run resumed for 2 more rounds (5 and 6), its ranks' parameters now synced every round."""
+    source, _ = two_rank_run
+    tmp_path = tmp_path_factory.mktemp("resumed")
+    shutil.copytree(source / "runs", tmp_path / "runs")  # the fixture's run stays as it is for the other tests
+    before = torch.load(tmp_path / "runs" / "t" / "model_t_best.pt", weights_only=True)
+    proc = torchrun(tmp_path, "--obs-clip", "1e9", *EVAL, "--param-sync-interval", "1", "--resume", "auto", rounds=6)
+    return tmp_path, proc, before
 
 
 def test_torchrun_writes_every_output(two_rank_run):
@@ -165,9 +189,9 @@ def test_torchrun_writes_every_output(two_rank_run):
     assert "Traceback" not in proc.stderr
 
 
-def test_param_sync_every_round_keeps_ranks_bitwise_identical(two_rank_run):
-    tmp_path, _ = two_rank_run
-    for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1)):
+def test_param_sync_every_round_keeps_ranks_bitwise_identical(resumed_run):
+    tmp_path, _, _ = resumed_run  # rounds 5 and 6, each rank trained on its own data, then the sync
+    for a, b in zip((dump(tmp_path, 0, 5), dump(tmp_path, 0, 6)), (dump(tmp_path, 1, 5), dump(tmp_path, 1, 6))):
         assert torch.equal(a["params"], b["params"])
 
 
@@ -223,53 +247,6 @@ def test_advantages_are_normalised_with_statistics_of_all_ranks(two_rank_run):
         assert std == pytest.approx(both.std().item(), rel=1e-9)  # unbiased, as torch's default
 
 
-def test_param_sync_interval_three(tmp_path):
-    torchrun(tmp_path, "--param-sync-interval", "3", entry=("-m", "ppo_ddp.train"))  # torchrun -m ppo_ddp.train
-    same = [torch.equal(a["params"], b["params"]) for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1))]
-    assert same == [False, False, True, True]  # round 3 syncs; round 4 is not a sync round but the last one
-    # Every checkpoint shows the ranks' mean policy at its top level, and the run ends with one policy.
-    for name in ("model_t.pt", "model_t_best.pt"):
-        state = torch.load(tmp_path / "runs" / "t" / name, weights_only=True)
-        for key, value in state["actor"].items():
-            ranks = torch.stack([r["actor"][key] for r in state["rank_states"]])
-            assert torch.allclose(value, ranks.mean(0), rtol=0, atol=1e-7), (name, key)
-    final = torch.load(tmp_path / "runs" / "t" / "model_t.pt", weights_only=True)
-    a, b = (torch.cat([v.reshape(-1) for v in r["actor"].values()]) for r in final["rank_states"])
-    assert torch.equal(a, b) and torch.equal(a, dumps(tmp_path, 0)[-1]["params"])
-
-
-def test_single_process_run_then_evaluate(tmp_path):
-    proc = run(
-        [
-            sys.executable,
-            "train.py",
-            *SMALL,
-            "--total-timesteps",
-            "256",
-            "--runs-dir",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "solo",
-            "--compile",  # the default a user gets, over SMALL's --no-compile
-        ],
-        tmp_path,
-        env={"TORCH_LOGS": "recompiles"},  # dynamo logs any recompilation of the step
-    )
-    run_dir = tmp_path / "runs" / "solo"
-    assert len(read_csv(run_dir / "metrics.csv")) == 3  # 256 steps / 64 per round, round 0 seeding the statistics
-    assert "done:" in proc.stdout
-    # the step compiled before the first round and never again (three rounds trained)
-    assert "compiled in" in proc.stdout and "Recompiling" not in proc.stderr, proc.stderr[-2000:]
-    out = run(
-        [sys.executable, "-m", "ppo_ddp.evaluate", str(run_dir / "model_solo.pt"), "--episodes", "2"],
-        tmp_path,
-        debug=False,
-    )
-    assert "mean return" in out.stdout and "2 deterministic episodes" in out.stdout
-    value = float(out.stdout.split("mean return")[1].split()[0])
-    assert math.isfinite(value)
-
-
 def test_sps_and_the_eta_count_the_trained_rounds_from_the_first_one_on(tmp_path):
     # SPS and the ETA count the trained rounds, from the first one on, not the start-up (the actors, the compile):
     # so round 1's line already estimates the time left honestly (counting from the start-up, it read ~8x the time
@@ -278,9 +255,10 @@ def test_sps_and_the_eta_count_the_trained_rounds_from_the_first_one_on(tmp_path
     # every row, and seconds past the start-up's (there it would be 0). No wall-clock bound: both clocks are read in
     # the same process, so a loaded machine moves them alike (a bound on round 1's ETA against the rounds that
     # followed failed under pytest-xdist, where round 1 ran 2.4x slower than its successors).
-    total, per_round = 24 * 2048, 2 * 4 * 256
-    args = "--no-compile --eval-interval 0 --actors-per-gpu 2 --envs-per-actor 4 --rollout-length 256".split()
-    args += ["--num-minibatches", "4", "--update-epochs", "8", "--total-timesteps", str(total)]
+    # 12 rounds of 1024 steps: round 1's ETA is seconds (~10,000 steps left), so a rate of another origin shows in it
+    total, per_round = 12 * 1024, 1 * 8 * 128
+    args = "--no-compile --eval-interval 0 --actors-per-gpu 1 --envs-per-actor 8 --rollout-length 128".split()
+    args += ["--num-minibatches", "4", "--update-epochs", "2", "--total-timesteps", str(total)]
     args += ["--runs-dir", str(tmp_path / "runs"), "--run-name", "eta"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
     out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -288,7 +266,7 @@ def test_sps_and_the_eta_count_the_trained_rounds_from_the_first_one_on(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     with open(tmp_path / "runs" / "eta" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["iteration"]) for r in rows] == list(range(1, 24))  # round 0 trains nothing and logs no row
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 12))  # round 0 trains nothing and logs no row
     origins = [
         float(r["charts/elapsed_seconds"]) - (int(r["global_step"]) - per_round) / float(r["charts/SPS"]) for r in rows
     ]
@@ -301,67 +279,120 @@ def test_sps_and_the_eta_count_the_trained_rounds_from_the_first_one_on(tmp_path
     assert abs(eta - (total - int(steps.replace(",", ""))) / int(sps.replace(",", ""))) <= 1  # the time left at it
 
 
-def test_our_launch_hands_each_worker_the_actors_the_topology_chose(tmp_path):
-    # `python train.py --num-actors 4 --num-gpus 4 --actors-per-gpu 1` on a box with 2 GPUs: 2 learners with
-    # 1 actor each. Only the launcher sees the (faked) GPUs; its workers train on this machine's CPU.
+# ---- evaluation while training (issue 14), checked against the rounds' own record ---------------------------------
+def steps_after(iteration: int) -> int:
+    return (iteration + 1) * 128  # round 0 seeds the statistics
+
+
+def mean_policy_of(tmp_path, iteration: int) -> torch.Tensor:
+    return torch.stack([dump(tmp_path, rank, iteration)["params"] for rank in (0, 1)]).mean(0)
+
+
+def replay(tmp_path, iteration: int) -> list[tuple[float, int]]:
+    """The evaluation of a round redone here: the ranks' mean policy and the statistics after that round."""
+    cfg = Config(env_id="Hopper-v5", seed=1, log_std_init=0.0, obs_clip=1e9)
+    model = make_model(cfg, 11, 3)
+    read_flat_parameters(model, mean_policy_of(tmp_path, iteration))
+    obs_rms = Moments.from_state(dump(tmp_path, 0, iteration)["obs_rms"])
+    env = make_env("Hopper-v5")
+    try:
+        return play_episodes(env, model, obs_rms, cfg.obs_clip, 2, eval_seed(cfg.seed))
+    finally:
+        env.close()
+
+
+def test_evaluations_are_logged_at_the_global_steps_of_their_rounds(two_rank_run):
+    tmp_path, proc = two_rank_run
+    rows = read_csv(tmp_path / "runs" / "t" / "eval.csv")
+    assert [int(r["iteration"]) for r in rows] == [2, 4]  # every 2 rounds; the last round (4) is one of them
+    assert [int(r["global_step"]) for r in rows] == [steps_after(2), steps_after(4)]
+    assert "eval of round 2 (step 384)" in proc.stdout
+
+
+def test_the_evaluated_policy_is_the_rank_average_with_that_round_s_statistics(two_rank_run):
+    tmp_path, _ = two_rank_run
+    assert not torch.equal(dump(tmp_path, 0, 2)["params"], dump(tmp_path, 1, 2)["params"])  # not a sync round
+    for row in read_csv(tmp_path / "runs" / "t" / "eval.csv"):
+        episodes = replay(tmp_path, int(row["iteration"]))
+        returns = [r for r, _ in episodes]
+        assert float(row["eval/episodic_return"]) == pytest.approx(sum(returns) / len(returns), rel=1e-12)
+        assert float(row["eval/episodic_length"]) == pytest.approx(sum(n for _, n in episodes) / len(episodes))
+
+
+def test_the_best_checkpoint_is_the_policy_that_evaluated_best(two_rank_run):
+    tmp_path, proc = two_rank_run
+    rows = read_csv(tmp_path / "runs" / "t" / "eval.csv")
+    best = max(rows, key=lambda r: float(r["eval/episodic_return"]))
+    state = torch.load(tmp_path / "runs" / "t" / "model_t_best.pt", weights_only=True)
+    assert state["evaluation"]["iteration"] == int(best["iteration"]) == state["iteration"]
+    assert state["evaluation"]["eval/episodic_return"] == pytest.approx(float(best["eval/episodic_return"]))
+    assert state["best_eval_return"] == pytest.approx(float(best["eval/episodic_return"]))
+    flat = torch.cat([v.reshape(-1) for v in state["actor"].values()])
+    model = ActorCritic(11, 3, (64, 64))
+    read_flat_parameters(model, mean_policy_of(tmp_path, int(best["iteration"])))
+    assert torch.equal(flat, torch.cat([v.reshape(-1) for v in model.state_dict().values()]))
+    assert f"best evaluation {float(best['eval/episodic_return']):.1f}" in proc.stdout
+
+
+def test_param_sync_interval_three(two_rank_run):
+    tmp_path, _ = two_rank_run
+    same = [torch.equal(a["params"], b["params"]) for a, b in zip(dumps(tmp_path, 0), dumps(tmp_path, 1))]
+    assert same == [False, False, True, True]  # round 3 syncs; round 4 is not a sync round but the last one
+    # Every checkpoint shows the ranks' mean policy at its top level (the best one is of an evaluated round: 2, whose
+    # ranks differ, or 4), and the run ends with one policy.
+    for name in ("model_t.pt", "model_t_best.pt"):
+        state = torch.load(tmp_path / "runs" / "t" / name, weights_only=True)
+        for key, value in state["actor"].items():
+            ranks = torch.stack([r["actor"][key] for r in state["rank_states"]])
+            assert torch.allclose(value, ranks.mean(0), rtol=0, atol=1e-7), (name, key)
+    final = torch.load(tmp_path / "runs" / "t" / "model_t.pt", weights_only=True)
+    a, b = (torch.cat([v.reshape(-1) for v in r["actor"].values()]) for r in final["rank_states"])
+    assert torch.equal(a, b) and torch.equal(a, dumps(tmp_path, 0)[-1]["params"])
+
+
+def test_a_resumed_run_continues_its_evaluations(resumed_run):
+    """On a copy of the run: resumed for 2 more rounds, eval.csv gains round 6 (no row twice), and the best
+    evaluation so far is remembered (the latest checkpoint was written before the last evaluations finished, so it
+    comes from the best checkpoint): a worse new evaluation leaves the best checkpoint alone."""
+    tmp_path, _, before = resumed_run
+    rows = read_csv(tmp_path / "runs" / "t" / "eval.csv")
+    assert [int(r["iteration"]) for r in rows] == [2, 4, 6]
+    after = torch.load(tmp_path / "runs" / "t" / "model_t_best.pt", weights_only=True)
+    sixth = float(rows[-1]["eval/episodic_return"])
+    assert after["best_eval_return"] == max(before["best_eval_return"], sixth)
+    assert after["evaluation"]["iteration"] == (6 if sixth > before["best_eval_return"] else before["iteration"])
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """`train(num_actors=4, num_gpus=4, actors_per_gpu=1)` on a box with 2 GPUs: the Python API's launch of several
+    learners (the same launch as `python train.py --num-gpus 2`'s, tests/test_launch_security.py, with the API's
+    command line), here on CPU. Only the launcher sees the (faked) GPUs; its workers train on this machine's CPU."""
+    tmp_path = tmp_path_factory.mktemp("launched")
     code = (
-        "import sys, torch; torch.cuda.device_count = lambda: 2; sys.argv = sys.argv[1:]; "
-        "from ppo_ddp.configuration.loading import parse_config; from ppo_ddp.runner.launch import main; "
-        "main(parse_config())"
+        "import sys, torch; torch.cuda.device_count = lambda: 2; "
+        "from ppo_ddp.configuration.loading import parse_config; from ppo_ddp.runner.launch import run; "
+        "run(parse_config(sys.argv[1:]))"  # no command line: the Python API's launch
     )
-    proc = run(
-        [
-            sys.executable,
-            "-c",
-            code,
-            "train.py",
-            *SMALL,
-            "--num-actors",
-            "4",
-            "--num-gpus",
-            "4",
-            "--total-timesteps",
-            "384",
-            "--runs-dir",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "granted",
-        ],
-        tmp_path,
-        debug=False,
-    )
+    args = [*SMALL, "--num-actors", "4", "--num-gpus", "4", "--total-timesteps", "256"]  # round 0, then one round
+    proc = run([sys.executable, "-c", code, *args, "--runs-dir", str(tmp_path / "runs"), "--run-name", "launched"],
+               tmp_path, debug=False)  # fmt: skip
+    return tmp_path / "runs" / "launched", proc
+
+
+def test_our_launch_hands_each_worker_the_actors_the_topology_chose(launched):
+    # 4 actors over 4 GPUs on a box with 2: 2 learners with 1 actor each
+    run_dir, proc = launched
     assert "starting 2 learners with 1 actor(s) each" in proc.stdout
-    saved = yaml.safe_load((tmp_path / "runs" / "granted" / "config.yaml").read_text())
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert (saved["world_size"], saved["actors_per_learner"], saved["steps_per_round"]) == (2, 1, 128)
-    assert len(read_csv(tmp_path / "runs" / "granted" / "metrics.csv")) == 2
+    assert len(read_csv(run_dir / "metrics.csv")) == 1
 
 
-def test_python_train_launches_several_learners_like_torchrun(tmp_path):
-    # What `train(num_gpus=2)` does on a 2-GPU box, run here on CPU: the same launch path as `python train.py
-    # --num-gpus 2` (tests/test_launch_security.py), with the Python API's command line: its config in the run folder,
-    # the learners started as `-m ppo_ddp.train --config RUN/launch.yaml`.
-    code = (
-        "import sys; from ppo_ddp.configuration.loading import parse_config; "
-        "from ppo_ddp.configuration.topology import TrainingTopology; "
-        "from ppo_ddp.runner.launch import launch_command, launch_learners; "
-        'launch_learners(TrainingTopology(2, 1, "cpu"), launch_command(parse_config(sys.argv[1:])))'
-    )
-    run(
-        [
-            sys.executable,
-            "-c",
-            code,
-            *SMALL,
-            "--total-timesteps",
-            "384",
-            "--runs-dir",
-            str(tmp_path / "runs"),
-            "--run-name",
-            "launched",
-        ],
-        tmp_path,
-        debug=False,
-    )
-    saved = yaml.safe_load((tmp_path / "runs" / "launched" / "config.yaml").read_text())
+def test_python_train_launches_several_learners_like_torchrun(launched):
+    # the API's command line: its config in the run folder, the learners started as `-m ppo_ddp.train --config
+    # RUN/launch.yaml`
+    run_dir, _ = launched
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["world_size"] == 2 and saved["config"]["config"].endswith("launched/launch.yaml")
-    assert len(read_csv(tmp_path / "runs" / "launched" / "metrics.csv")) == 2
+    assert len(read_csv(run_dir / "metrics.csv")) == 1

@@ -24,8 +24,9 @@ from ppo_ddp.search.trial import Monitor, TrialFailed, run_training  # noqa: E40
 ROOT = Path(__file__).resolve().parent.parent
 
 # Rounds of 64 samples (1 actor x 2 envs x 32 steps), round 0 and 3 trained rounds; an evaluation of one episode
-# after every round. 48 steps with 64 mini-batches is a round of 96 that does not split: train.py refuses it (exit 2),
-# so trial 0 fails as arranged; trial 1 is the base's shape and cannot fail.
+# after every round, of 100 steps (HalfCheetah's own are 1000). 48 steps with 64 mini-batches is a round of 96 that
+# does not split: train.py refuses it (exit 2), so trial 0 fails as arranged; trial 1 is the base's shape and cannot
+# fail.
 TINY = {
     "base": "halfcheetah",
     "envs": {"HalfCheetah-v5": 3000},
@@ -37,10 +38,11 @@ TINY = {
         "update_epochs": 1,
         "eval_episodes": 1,
         "compile": False,
+        "env_kwargs": {"max_episode_steps": 100},
     },
     "eval_every_steps": 64,
     "pruner": {"n_startup_trials": 1, "n_warmup_steps": 0},
-    "sampler": {"n_startup_trials": 2},
+    "sampler": {"n_startup_trials": 1},
     "params": {
         "learning_rate": {"type": "float", "low": 1.0e-4, "high": 1.0e-3, "log": True},
         "rollout_length": {"type": "categorical", "choices": [32, 48]},
@@ -51,7 +53,10 @@ TINY = {
         {"learning_rate": 3.0e-4, "rollout_length": 32, "num_minibatches": 4},
     ],
 }
-N_TRIALS = 5
+# Trial 0 fails and trial 1 completes (both enqueued, run together by the two workers); trial 2, started when trial
+# 0 has failed, is sampled at random (no trial is complete yet), and trial 3, started when another has ended, by
+# TPE where that one completed (the sampler's one start-up trial); the pruner may stop trials 2 and 3.
+N_TRIALS = 4
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="")
 # `python -c WITHOUT_OPTUNA MODULE ARGS` runs `python -m MODULE ARGS` as if optuna were not installed.
 WITHOUT_OPTUNA = (
@@ -149,7 +154,9 @@ def test_the_report_lists_every_trial_and_the_best_preset_trains_without_optuna(
 
 def test_a_stopped_worker_leaves_its_trial_failed_and_the_study_continues(tiny_study):
     """SIGTERM to a worker while its trainer runs: the trainer is stopped, the trial fails as interrupted, exit 143;
-    the same command again runs the study up to its number of trials, the interrupted one not counted."""
+    the same command again runs the study up to its number of trials, the interrupted one not counted. (The trial it
+    runs is one enqueued here whose round does not split: refused by train.py within a second, a failed training,
+    which counts.)"""
     tmp, _ = tiny_study
     before = len(load(tmp).trials)
     cmd = [sys.executable, "-m", "ppo_ddp.tune", *map(str, study_args(tmp)), "--n-trials", str(before + 1)]
@@ -164,10 +171,11 @@ def test_a_stopped_worker_leaves_its_trial_failed_and_the_study_continues(tiny_s
     assert f"trial {before} interrupted" in out and "stopped by SIGTERM" in err
     interrupted = load(tmp).trials[before]
     assert interrupted.state.name == "FAIL" and interrupted.user_attrs["interrupted"] is True
+    load(tmp).enqueue_trial(TINY["enqueue"][0])
     proc = tune(*study_args(tmp), "--n-trials", before + 1)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     trials = load(tmp).trials
-    assert len(trials) == before + 2 and trials[-1].state.name in ("COMPLETE", "PRUNED", "FAIL")
+    assert len(trials) == before + 2 and trials[-1].state.name == "FAIL" and "fail_reason" in trials[-1].user_attrs
     assert f"study tiny: {before + 2} trials" in proc.stdout
     report = tune("--study", "tiny", "--out", tmp / "out", "--report")  # the space comes from the study
     assert report.returncode == 0 and f"study tiny: {before + 2} trials" in report.stdout
