@@ -6,13 +6,15 @@
 #
 # torch goes in first, on its own and pinned: left to resolve torch from the requirements, pip on Linux takes
 # PyPI's CUDA build (gigabytes of NVIDIA libraries) even where no GPU is. So on Linux without an NVIDIA driver the
-# CPU build's index is added; TORCH_INDEX names another (TORCH_INDEX=https://download.pytorch.org/whl/cu128) or,
-# empty, none (PyPI's own build). The manual steps, and installing from a wheel: docs/usage.md, "Installing".
+# CPU build's index is added (where its host resolves); TORCH_INDEX names another
+# (TORCH_INDEX=https://download.pytorch.org/whl/cu128) or, empty, none (PyPI's own build). The manual steps, and installing from a wheel: docs/usage.md, "Installing".
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-TORCH_INDEX ?= $(if $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi),,https://download.pytorch.org/whl/cpu))
+TORCH_INDEX ?= $(if $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi),,$(CPU_INDEX)))
+# Only where its host resolves: behind a mirror (pip's own configuration), pip would retry it for every package.
+CPU_INDEX = $(if $(shell getent hosts download.pytorch.org),https://download.pytorch.org/whl/cpu)
 ARGS ?=
 PYTEST_ARGS ?=
 
