@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import signal_handlers_kept
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,6 +18,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def repo_root() -> Path:
     """The checkout's root: where `python train.py` is run from, as a user would."""
     return REPO_ROOT
+
+
+@pytest.fixture
+def restore_signal_handlers() -> Iterator[None]:
+    """For a test that runs train.py's main in its own process (no interpreter to start): the handlers put back."""
+    with signal_handlers_kept():
+        yield
 
 
 @pytest.fixture(scope="session")

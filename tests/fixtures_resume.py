@@ -25,6 +25,7 @@ from typing import Optional
 
 import pytest
 import torch
+from helpers import signal_handlers_kept
 
 from ppo_ddp.runner.debug import DEBUG_DIR_ENV
 
@@ -53,9 +54,8 @@ def train_here(args: list[str], debug: Optional[Path] = None) -> Trained:
     if "train.py" in args:
         args = args[args.index("train.py") + 1 :]
     out, err = io.StringIO(), io.StringIO()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     rc = 0
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, signal_handlers_kept():
         if debug is None:
             patch.delenv(DEBUG_DIR_ENV, raising=False)
         else:
@@ -68,9 +68,6 @@ def train_here(args: list[str], debug: Optional[Path] = None) -> Trained:
                 main(parse_config(args), ["train.py", *args])
         except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else 1
-        finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
     return Trained(rc, out.getvalue(), err.getvalue())
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 
 
 def process_alive(pid: int) -> bool:
@@ -29,3 +32,15 @@ def thread_names(pid: int) -> list[str]:
         except OSError:
             continue
     return sorted(names)
+
+
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Around train.py's main run in the test process: it installs its own SIGINT and SIGTERM handlers, and these
+    put the test's back, whatever the run's end."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)

@@ -4,7 +4,6 @@ an unwritable runs folder, a torchrun topology that does not fit."""
 from __future__ import annotations
 
 import re
-import signal
 from pathlib import Path
 
 import pytest
@@ -130,14 +129,6 @@ CHECKPOINT_CASES = {
         r"flat tensor \(a checkpoint of an earlier ppo_ddp\): it can be evaluated but not resumed",
     ),
 }
-
-
-@pytest.fixture
-def restore_signal_handlers():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 @pytest.mark.parametrize("case", list(CHECKPOINT_CASES))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import signal_handlers_kept
 
 from ppo_ddp.configuration.config import Config, config_from_dict, config_to_dict
 from ppo_ddp.errors import CheckpointError
@@ -217,11 +217,7 @@ def test_a_checkpoint_from_before_the_folders_loads_and_resumes(tmp_path, capsys
     flags = "--env-id Hopper-v5 --actors-per-gpu 1 --envs-per-actor 1 --rollout-length 256 --num-minibatches 4"
     flags += " --update-epochs 1 --total-timesteps 1280 --no-compile --eval-interval 0"
     argv = [*flags.split(), "--runs-dir", str(tmp_path), "--run-name", "after", "--resume", str(BEFORE_THE_FOLDERS)]
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with signal_handlers_kept():
         main(parse_config(argv), ["train.py", *argv])  # train.py's main, in this process: no interpreter to start
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
     out = capsys.readouterr().out
     assert "resumed from" in out and "done: 1,280 steps" in out, out

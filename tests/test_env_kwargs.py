@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import signal_handlers_kept
 
 from ppo_ddp import evaluate
 from ppo_ddp.configuration.config import Config, config_from_dict, config_to_dict
@@ -70,14 +70,13 @@ def run(tmp_path_factory) -> Path:
     (work / "robots").mkdir()
     shutil.copy(TROTTER, work / "robots" / "trotter.xml")
     argv = [*TINY, "--env-kwargs", json.dumps(OPTIONS), "--runs-dir", "runs", "--run-name", "r"]
-    cwd, handlers = os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    cwd = os.getcwd()
     os.chdir(work)
     try:
-        main(parse_config(argv), ["train.py", *argv])
+        with signal_handlers_kept():
+            main(parse_config(argv), ["train.py", *argv])
     finally:
         os.chdir(cwd)
-        for s, h in handlers.items():
-            signal.signal(s, h)
     return work / "runs" / "r"
 
 

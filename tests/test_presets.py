@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import signal
 from pathlib import Path
 
 import pytest
@@ -160,18 +159,10 @@ def test_flag_value_reads_the_last_spelling_tyro_would_keep():
 
 
 # ---- every preset trains two rounds ------------------------------------------------------------------------------
-@pytest.fixture
-def in_process():
-    """train.py's main in this process: signal handlers put back. The runs say compile=False themselves (the compiled
-    step has its own tests): dynamo's config patched here would not reach the thread the step compiles on."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
+# The runs below say compile=False themselves (the compiled step has its own tests): dynamo's config patched here
+# would not reach the thread the step compiles on.
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
-def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process, capsys):
+def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, restore_signal_handlers, capsys):
     from ppo_ddp.runner.launch import main
 
     env_id = load_yaml_defaults(preset)["env_id"]
@@ -191,7 +182,7 @@ def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process, ca
         assert [int(r["global_step"]) for r in csv.DictReader(f)] == [2 * per_round, 3 * per_round]
 
 
-def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, in_process, capsys):
+def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, restore_signal_handlers, capsys):
     from ppo_ddp.runner.launch import main
 
     tiny = "--actors-per-gpu 1 --envs-per-actor 2 --rollout-length 32 --num-minibatches 4 --update-epochs 1".split()
@@ -202,7 +193,7 @@ def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, in_process, 
                             "HalfCheetah-v5): 2 rounds of 64 steps")  # fmt: skip
 
 
-def test_a_run_that_recomputes_advantages_trains_its_rounds(tmp_path, in_process):
+def test_a_run_that_recomputes_advantages_trains_its_rounds(tmp_path, restore_signal_handlers):
     # The trainer's side of recompute_advantages: the next observations in the layout, the rewards scaled as the
     # actors did, no advantage statistics merged across ranks; with a critic of normalised returns.
     from ppo_ddp.runner.launch import main

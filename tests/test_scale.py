@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -233,17 +232,8 @@ def test_there_are_large_batch_presets():
     assert {p.stem for p in PRESETS} >= {"humanoid", "ant"}
 
 
-@pytest.fixture
-def in_process():
-    """train.py's main in this process (no interpreter to start): signal handlers put back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
-def test_a_preset_loads_and_runs_two_rounds(preset, tmp_path, in_process):
+def test_a_preset_loads_and_runs_two_rounds(preset, tmp_path, restore_signal_handlers):
     from ppo_ddp.runner.launch import main
 
     assert parse_config(["--config", str(preset)]).total_timesteps >= 10_000_000
