@@ -131,21 +131,28 @@ CHECKPOINT_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
-def test_bad_checkpoint_is_one_line_and_exit_2(case, tmp_path, capsys, restore_signal_handlers):
-    from ppo_ddp.configuration.loading import parse_config
+def main_error_line(cfg, capsys) -> str:
+    """train.py's main on cfg, in this process: it must exit 2 with one line on stderr, which is returned."""
     from ppo_ddp.runner.launch import main
 
-    make, flags, message = CHECKPOINT_CASES[case]
-    path = make(tmp_path)
-    cfg = parse_config([*SMALL, "--resume", str(path), "--runs-dir", str(tmp_path / "runs"), *flags])
     with pytest.raises(SystemExit) as exit_info:
         main(cfg)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     lines = [text for text in err.splitlines() if text.strip()]
     assert len(lines) == 1, err
-    assert re.fullmatch(r"train\.py: error: " + message + ".*", lines[0]), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
+def test_bad_checkpoint_is_one_line_and_exit_2(case, tmp_path, capsys, restore_signal_handlers):
+    from ppo_ddp.configuration.loading import parse_config
+
+    make, flags, message = CHECKPOINT_CASES[case]
+    path = make(tmp_path)
+    cfg = parse_config([*SMALL, "--resume", str(path), "--runs-dir", str(tmp_path / "runs"), *flags])
+    line = main_error_line(cfg, capsys)
+    assert re.fullmatch(r"train\.py: error: " + message + ".*", line), line
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing started
 
 
@@ -174,22 +181,16 @@ def test_bad_resume_and_run_flags(argv, message, capsys):
 def test_unwritable_runs_dir_is_one_line_and_exit_2(tmp_path, capsys, restore_signal_handlers):
     # through main() in-process, as train.py runs it (the command line's own path: the test below)
     from ppo_ddp.configuration.loading import parse_config
-    from ppo_ddp.runner.launch import main
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     cfg = parse_config([*SMALL, "--total-timesteps", "64", "--runs-dir", str(blocker)])
-    with pytest.raises(SystemExit) as exit_info:
-        main(cfg)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    lines = [text for text in err.splitlines() if text.strip()]
-    assert len(lines) == 1, err
+    line = main_error_line(cfg, capsys)
     assert re.fullmatch(
         rf"train\.py: error: runs_dir='{re.escape(str(blocker))}': cannot write the run folder "
         rf"{re.escape(str(blocker))}/\S+: Not a directory",
-        lines[0],
-    ), lines[0]
+        line,
+    ), line
 
 
 def test_corrupt_checkpoint_from_the_command_line(tmp_path, run_train):
