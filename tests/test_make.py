@@ -69,7 +69,7 @@ def test_a_second_call_installs_nothing(tmp_path):
         stamp.touch()
     assert dry_run("train", venv) == [f"{venv}/bin/python train.py"]
     again = dry_run("test", venv, f"DMC_SITE={dmc}")
-    assert len(again) == 4 and not any("pip" in line for line in again), again  # lint, format, suite, dm_control
+    assert len(again) == 5 and not any("pip" in line for line in again), again  # lint, format, compile, suite, dmc
     old = os.path.getmtime(ROOT / "requirements.txt") - 10
     os.utime(venv / ".train", (old, old))  # a pin changed since: the set is installed again
     assert any(line.endswith("pip install -r requirements.txt") for line in dry_run("train", venv))
@@ -82,10 +82,11 @@ def test_make_test_runs_lint_format_the_suite_and_dm_control_s_tests(tmp_path):
     assert position(lines, r"pip install -r requirements\.txt$") < extras
     lint = position(lines, rf"^{venv}/bin/ruff check \.$")
     fmt = position(lines, rf"^{venv}/bin/ruff format --check \.$")
+    compiled = position(lines, rf"^{venv}/bin/python -m compileall -q ppo_ddp tests scripts")  # once, for every process
     suite = position(lines, rf"^tests/with_postgres\.sh {venv}/bin/python -m pytest -q tests --durations=30")
     dmc_site = position(lines, r'pip install --target \.dmc-site --no-deps --upgrade "mujoco==3\.17\.0" "dm-control==')
     dmc = position(lines, rf'^PYTHONPATH=".*/\.dmc-site" {venv}/bin/python -m pytest -q tests/test_dmc\.py')
-    assert extras < lint < fmt < suite < dmc_site < dmc
+    assert extras < lint < fmt < compiled < suite < dmc_site < dmc
 
 
 def test_ci_and_the_readme_run_the_two_commands():
