@@ -96,7 +96,10 @@ def pool_rate(
         cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False
     ) as pool:
         reports = pool.collect(model, None, None)  # start-up and warm-up; its statistics are then frozen
-        stats = merge_rms_states(r.obs_moments for r in reports), merge_rms_states(r.return_moments for r in reports)
+        stats = (  # every env's moments, as the learner merges them
+            merge_rms_states(m for r in reports for m in r.obs_moments),
+            merge_rms_states(m for r in reports for m in r.return_moments or []),
+        )
         if checkpoint is not None:
             state = load_checkpoint(checkpoint)
             model.load_state_dict(state["actor"])

@@ -87,7 +87,7 @@ def actor_rate(cfg: Config, seconds: float, seed: int, top: int = 0) -> tuple[fl
 
     from ppo_ddp.models.factory import make_model
     from ppo_ddp.models.flat import num_parameters, write_flat_parameters
-    from ppo_ddp.models.normalization import value_scale  # noqa: F401  (the actor's import, loaded before timing)
+    from ppo_ddp.models.normalization import merge_rms_states, value_scale  # noqa: F401  (value_scale: the actor's)
     from ppo_ddp.sampling.actor import Actor
     from ppo_ddp.storage.shared import BufferSpec, SharedBuffers
 
@@ -106,7 +106,8 @@ def actor_rate(cfg: Config, seconds: float, seed: int, top: int = 0) -> tuple[fl
         actor = Actor(cfg, seed, 0, buffers)  # rank = seed: each process its own env seeds
         first = actor.sample(0)  # the first reset, and statistics to freeze, as round 0 of a run
         acted = [env_actions(actor)]
-        buffers.write_stats(first.obs_moments, first.return_moments, None)
+        returns = merge_rms_states(first.return_moments) if first.return_moments is not None else None
+        buffers.write_stats(merge_rms_states(first.obs_moments), returns, None)
         totals = {"env": 0.0, "policy": 0.0}
         actor.envs = _Timed(actor.envs, totals, "env")
         actor.kernel = _Timed(actor.kernel, totals, "policy")
@@ -147,7 +148,7 @@ def replay_rate(cfg: Config, rank: int, acted: list[np.ndarray]) -> float:
     envs = [make_env(cfg.env_id, **cfg.env_kwargs) for _ in range(cfg.envs_per_actor)]
     try:
         for e, env in enumerate(envs):
-            env.reset(seed=env_seed(cfg.seed, rank, 0, e))
+            env.reset(seed=env_seed(cfg.seed, rank, e))  # actor 0: the envs 0 .. E-1 of its rank
         elapsed = 0.0
         for k, actions in enumerate(acted):
             start = time.perf_counter()

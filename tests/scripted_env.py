@@ -36,8 +36,9 @@ from ppo_ddp.envs.make import env_seed
 EPISODES = [(3, True, False), (4, False, True), (2, True, True)]
 FINAL_MARKER = 1000.0
 FAILURE_SEED = 7
-"""Tests of the failure variants use Config(seed=FAILURE_SEED); the failing env is rank 0, actor 1, env 1."""
-FAILURE_TARGET = env_seed(FAILURE_SEED, 0, 1, 1)
+"""Tests of the failure variants use Config(seed=FAILURE_SEED); the failing env is rank 0, actor 1, env 1 (of 2 envs
+an actor: env 3 of the rank's round)."""
+FAILURE_TARGET = env_seed(FAILURE_SEED, 0, 3)
 LATE_STEP = 102
 """Lifetime step of the trainer tests' failures: step 6 of round 3 with 32-step rounds, after round 0 (which
 seeds the statistics)."""
@@ -147,15 +148,15 @@ _register(id="ScriptedHang-v0", kwargs={"failure": "hang", "at_step": 3, "target
 _register(id="ScriptedSlow-v0", kwargs={"delay": 0.02})
 _register(
     id="ScriptedRaiseRank1-v0",
-    kwargs={"failure": "raise", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 0, 1)},
+    kwargs={"failure": "raise", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 1)},
 )
 _register(
     id="ScriptedNaNRewardRank1-v0",
-    kwargs={"failure": "nan_reward", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 0, 1)},
+    kwargs={"failure": "nan_reward", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 1, 1)},
 )
 _register(
     id="ScriptedHangRank0-v0",
-    kwargs={"failure": "hang", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 0, 0, 1)},
+    kwargs={"failure": "hang", "at_step": LATE_STEP, "target_seed": env_seed(FAILURE_SEED, 0, 1)},
 )
 gym.register(id="ScriptedPrivileged-v0", entry_point="scripted_env:PrivilegedScriptedEnv", disable_env_checker=True)
 gym.register(id="ScriptedUnbounded-v0", entry_point="scripted_env:UnboundedScriptedEnv", disable_env_checker=True)

@@ -122,7 +122,7 @@ def scripts_of(cfg: Config) -> dict[tuple[int, int], dict[str, np.ndarray]]:
     """What each scripted env (actor a, env e) does over the scripted rounds and the first step after them."""
     steps = (len(SCRIPTED_ROUND_STATS) + 1) * cfg.rollout_length
     return {
-        (a, e): scripted_env.expected_script(float(env_seed(cfg.seed, 0, a, e) % 1000), steps)
+        (a, e): scripted_env.expected_script(float(env_seed(cfg.seed, 0, a * cfg.envs_per_actor + e) % 1000), steps)
         for a in range(cfg.actors_per_gpu)
         for e in range(cfg.envs_per_actor)
     }
@@ -192,7 +192,7 @@ def test_scripted_rollout_contents_bootstrap_and_gae():
                 )
                 # the report: this round's episodes and increments only
                 rep = reports[a]
-                assert rep.obs_moments.count == T * E  # every step of every env, once
+                assert merge_rms_states(rep.obs_moments).count == T * E  # every step of every env, once
                 ep_returns, ep_lengths = [], []
                 for t, e in zip(*np.nonzero(ended)):
                     g = r * T + t
@@ -205,15 +205,17 @@ def test_scripted_rollout_contents_bootstrap_and_gae():
                 assert rep.episode_lengths == ep_lengths
                 assert sum(rep.episode_returns) == pytest.approx(sum(ep_returns))
                 want = compute_batch_moments(exp["obs"].reshape(T * E, 3))
-                np.testing.assert_allclose(rep.obs_moments.mean, want.mean, rtol=1e-12)
-                np.testing.assert_allclose(rep.obs_moments.var, want.var, rtol=1e-12)
-                assert rep.obs_moments.count == T * E
+                np.testing.assert_allclose(merge_rms_states(rep.obs_moments).mean, want.mean, rtol=1e-12)
+                np.testing.assert_allclose(merge_rms_states(rep.obs_moments).var, want.var, rtol=1e-12)
+                assert merge_rms_states(rep.obs_moments).count == T * E
                 discounted = np.stack([returns_tracker[a].update(exp["rewards"][t], ended[t]) for t in range(T)])
                 want = compute_batch_moments(discounted.reshape(-1))
                 np.testing.assert_allclose(
-                    [rep.return_moments.mean, rep.return_moments.var], [want.mean, want.var], rtol=1e-12
+                    [merge_rms_states(rep.return_moments).mean, merge_rms_states(rep.return_moments).var],
+                    [want.mean, want.var],
+                    rtol=1e-12,
                 )
-                assert rep.return_moments.count == T * E
+                assert merge_rms_states(rep.return_moments).count == T * E
     assert_released(pool)
 
 
@@ -232,7 +234,7 @@ def test_mujoco_rollout_matches_replay(env_id):
     for a in range(A):
         for e in range(E):
             env = make_env(env_id)
-            obs, _ = env.reset(seed=env_seed(cfg.seed, 0, a, e))
+            obs, _ = env.reset(seed=env_seed(cfg.seed, 0, a * cfg.envs_per_actor + e))
             replays[a, e] = [env, obs.copy()]
     obs_rms = ret_rms = None
     outside = 0
@@ -266,11 +268,15 @@ def test_mujoco_rollout_matches_replay(env_id):
                         obs = obs.copy()
                     replays[a, e][1] = obs
                 want = compute_batch_moments(raw.reshape(T * E, obs_dim))
-                np.testing.assert_allclose(reports[a].obs_moments.mean, want.mean, rtol=1e-9, atol=1e-12)
-                np.testing.assert_allclose(reports[a].obs_moments.var, want.var, rtol=1e-9, atol=1e-12)
-                assert reports[a].obs_moments.count == T * E
-            obs_rms = merge_rms_states([obs_rms] + [rep.obs_moments for rep in reports])
-            ret_rms = merge_rms_states([ret_rms] + [rep.return_moments for rep in reports])
+                np.testing.assert_allclose(
+                    merge_rms_states(reports[a].obs_moments).mean, want.mean, rtol=1e-9, atol=1e-12
+                )
+                np.testing.assert_allclose(
+                    merge_rms_states(reports[a].obs_moments).var, want.var, rtol=1e-9, atol=1e-12
+                )
+                assert merge_rms_states(reports[a].obs_moments).count == T * E
+            obs_rms = merge_rms_states([obs_rms] + [m for rep in reports for m in rep.obs_moments])
+            ret_rms = merge_rms_states([ret_rms] + [m for rep in reports for m in rep.return_moments])
     assert outside > 0, "no sampled action left the bounds: the clipping check proved nothing"
     if env_id == "Hopper-v5":
         assert any(rep.episode_returns for rep in reports), "no episode ended: resets untested"
@@ -318,17 +324,20 @@ def test_reproducible_across_pools_and_start_methods():
         model = make_model(cfg, 17, 6, seed=0)
         with ActorPool(cfg, rank=1, num_actors=2, obs_dim=17, act_dim=6, pin_memory=False) as pool:
             first = pool.collect(model, None, None)
-            stats = merge_rms_states(rep.obs_moments for rep in first)
-            reports = pool.collect(model, stats, merge_rms_states(rep.return_moments for rep in first))
+            stats = merge_rms_states(m for rep in first for m in rep.obs_moments)
+            reports = pool.collect(model, stats, merge_rms_states(m for rep in first for m in rep.return_moments))
             results.append((snapshot(pool), reports))
         assert_released(pool)
     (a, rep_a), (b, rep_b), (c, _) = results
     for name in ROLLOUT_FIELDS:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     for x, y in zip(rep_a, rep_b):
-        np.testing.assert_array_equal(x.obs_moments.mean, y.obs_moments.mean)
-        np.testing.assert_array_equal(x.obs_moments.var, y.obs_moments.var)
-        assert (x.return_moments.mean, x.return_moments.var) == (y.return_moments.mean, y.return_moments.var)
+        np.testing.assert_array_equal(merge_rms_states(x.obs_moments).mean, merge_rms_states(y.obs_moments).mean)
+        np.testing.assert_array_equal(merge_rms_states(x.obs_moments).var, merge_rms_states(y.obs_moments).var)
+        assert (merge_rms_states(x.return_moments).mean, merge_rms_states(x.return_moments).var) == (
+            merge_rms_states(y.return_moments).mean,
+            merge_rms_states(y.return_moments).var,
+        )
         assert (x.episode_returns, x.episode_lengths) == (y.episode_returns, y.episode_lengths)
     assert not np.array_equal(a["obs"], c["obs"]) and not np.array_equal(a["actions"], c["actions"])
     assert not np.array_equal(a["actions"][0], a["actions"][1]), "actors must draw different noise"

@@ -69,7 +69,7 @@ def assert_a_stopped_learner_resumes_exactly(tmp_path: Path, *extra: str) -> Non
 
 
 def test_a_gru_run_stopped_by_sigterm_resumes_exactly(tmp_path):
-    # with a Beta policy: its actors seed each round's numpy generator from the noise generator a checkpoint keeps
+    # with a Beta policy: each env draws its actions from its generator of the round, which nothing need carry
     assert_a_stopped_learner_resumes_exactly(tmp_path, *GRU, "--distribution", "beta")
 
 
@@ -91,12 +91,12 @@ def test_a_killed_learner_redoes_its_rounds_from_the_periodic_checkpoint_exactly
 
 
 def test_a_checkpoint_without_env_states_resumes_with_new_episodes(tmp_path):
-    # as a checkpoint written before exact resume: no actors_carried in its rank state
+    # as a checkpoint written before exact resume: no envs' state in its rank state
     run_here(learner(tmp_path, "old", rounds=2))
     path = tmp_path / "runs" / "old" / "model_old.pt"
     state = torch.load(path, weights_only=True)
     for rank_state in state["rank_states"]:
-        del rank_state["actors_carried"]
+        del rank_state["envs_carried"]
     torch.save(state, path)
     again = run_here(learner(tmp_path, "old", "--resume", "auto"))
     notes = [line for line in again.stdout.splitlines() if NEW_EPISODES in line]
@@ -107,6 +107,6 @@ def test_an_env_whose_state_cannot_be_captured_resumes_with_new_episodes(tmp_pat
     scripted = ["--env-id", "scripted_env:Scripted-v0"]
     run_here(learner(tmp_path, "s", *scripted, rounds=2))
     state = torch.load(tmp_path / "runs" / "s" / "model_s.pt", weights_only=True)
-    assert state["rank_states"][0]["actors_carried"] is None
+    assert state["rank_states"][0]["envs_carried"] is None
     again = run_here(learner(tmp_path, "s", *scripted, "--resume", "auto"))
     assert sum(NEW_EPISODES in line for line in again.stdout.splitlines()) == 1, again.output()

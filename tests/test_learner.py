@@ -249,10 +249,10 @@ def test_the_learners_statistics_run_on_a_device_without_float64():
 
 # ---- recompute_advantages ------------------------------------------------------------------------------------
 def gae_of(model: ActorCritic, batch: RolloutBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference: GAE of the round with the model's critic, rows (actor, step, env) put on the [T, A * E] grid
-    by an index of their own."""
+    """The reference: GAE of the round with the model's critic, rows (env, step) put on the [T, N] grid by an index
+    of their own."""
     steps, (T, n) = batch.steps, batch.steps.rewards.shape
-    index = torch.arange(len(batch)).reshape(steps.num_actors, T, -1).movedim(1, 0).reshape(T, n)
+    index = torch.arange(len(batch)).reshape(n, T).movedim(1, 0)
     with torch.no_grad():
         values, next_values = model.value(batch.obs)[index], model.value(steps.next_obs)[index]
     grid = compute_gae(steps.rewards, values, next_values, steps.terminated, steps.truncated, cfg.gamma, cfg.gae_lambda)
@@ -273,7 +273,6 @@ def round_with_steps(model: ActorCritic, cfg: Config, actors: int = 2, T: int = 
         rewards=torch.randn(T, actors * envs, generator=g),
         terminated=torch.rand(T, actors * envs, generator=g) < 0.1,
         truncated=torch.rand(T, actors * envs, generator=g) < 0.1,
-        num_actors=actors,
     )
     batch = RolloutBatch(obs, actions, logp, values, values, values, steps=steps)
     batch.advantages, batch.returns = gae_of(model, batch, cfg)

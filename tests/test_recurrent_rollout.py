@@ -96,7 +96,7 @@ def test_the_learner_s_unroll_reproduces_the_actor_s_log_probs_and_values(actor_
 def test_episode_starts_are_where_the_script_starts_episodes_and_their_state_is_zero(actor_rounds):
     cfg, rounds = actor_rounds
     for e in range(E):
-        script = scripted_env.expected_script(float(env_seed(cfg.seed, 0, 0, e) % 1000), ROUNDS * T)
+        script = scripted_env.expected_script(float(env_seed(cfg.seed, 0, e) % 1000), ROUNDS * T)
         starts = np.concatenate([arrays["episode_start"][:, e] for _, _, arrays, _ in rounds]).astype(bool)
         np.testing.assert_array_equal(starts, script["obs"][:, 2] == 0)  # step 0 of an episode
         for _, _, arrays, _ in rounds:  # a chunk that starts an episode is unrolled from zeros
@@ -112,7 +112,7 @@ def test_a_truncation_bootstraps_from_the_state_after_its_step(actor_rounds):
     checked = 0
     for k, (model, _, arrays, obs_rms) in enumerate(rounds):
         for e in range(E):
-            script = scripted_env.expected_script(float(env_seed(cfg.seed, 0, 0, e) % 1000), ROUNDS * T)
+            script = scripted_env.expected_script(float(env_seed(cfg.seed, 0, e) % 1000), ROUNDS * T)
             for t in np.flatnonzero(arrays["truncated"][:, e] & ~arrays["terminated"][:, e]):
                 obs = torch.as_tensor(arrays["obs"][: t + 1, e]).unsqueeze(0)  # the round so far, one chunk
                 starts = torch.as_tensor(arrays["episode_start"][: t + 1, e], dtype=torch.float32).unsqueeze(0)

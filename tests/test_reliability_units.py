@@ -193,21 +193,21 @@ def test_find_elastic_run_by_the_recorded_rendezvous_id(tmp_path):
     assert find_elastic_run(tmp_path / "missing", "id-1") is None
 
 
-def test_actors_continue_their_noise_from_a_saved_state():
+def test_a_round_s_noise_is_its_own_so_a_resumed_pool_draws_the_uninterrupted_one_s():
     # logp depends on the noise alone (state-independent std), so it shows which noise an actor drew even
-    # though a resumed actor's envs restart their episodes.
+    # though a resumed actor's envs restart their episodes: a pool whose first round is round 2 draws round 2's.
     cfg = make_cfg(SCRIPTED, rollout_length=6)
     torch.manual_seed(0)
     model = ActorCritic(3, 2, cfg.hidden_sizes, cfg.activation, cfg.log_std_init)
     with ActorPool(cfg, 0, 2, 3, 2, False) as pool:
-        first = pool.collect(model, None, None)
+        pool.collect(model, None, None)
+        first_logp = pool.buffers.arrays["logp"].copy()
         pool.collect(model, None, None)
         second_logp = pool.buffers.arrays["logp"].copy()
-    with ActorPool(cfg, 0, 2, 3, 2, False, noise_states=[r.noise_state for r in first]) as resumed:
+    assert not np.array_equal(first_logp, second_logp)
+    with ActorPool(cfg, 0, 2, 3, 2, False, first_round=2) as resumed:
         resumed.collect(model, None, None)
         np.testing.assert_array_equal(resumed.buffers.arrays["logp"], second_logp)
-    with pytest.raises(ValueError, match="1 noise states for 2 actors"):
-        ActorPool(cfg, 0, 2, 3, 2, False, noise_states=[first[0].noise_state])
 
 
 def test_non_finite_update_is_an_error_naming_the_rank_and_round():

@@ -232,9 +232,10 @@ def make_video_env(env_id: str, **kwargs: Any) -> gym.Env:
         return make_env(env_id, render_mode="rgb_array", **kwargs)
 
 
-def env_seed(seed: int, rank: int, actor: int, env: int) -> int:
-    """A distinct, deterministic 32-bit seed for every env of a run, from (seed, rank, actor, env)."""
-    return int(np.random.SeedSequence([seed, rank, actor, env]).generate_state(1)[0])
+def env_seed(seed: int, rank: int, env: int) -> int:
+    """A distinct, deterministic 32-bit seed for every env of a run, from (seed, rank, env): env is the env's index
+    in its rank's round, whichever actor steps it (ppo_ddp/sampling/split.py)."""
+    return int(np.random.SeedSequence([seed, rank, env]).generate_state(1)[0])
 
 
 def bounds_problem(env_id: str, env_kwargs: Optional[dict[str, Any]] = None) -> Optional[str]:

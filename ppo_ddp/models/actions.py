@@ -3,7 +3,7 @@ the round's log-probs (ppo_ddp/models/distributions.py says what each distributi
 
 from __future__ import annotations
 
-from typing import Optional, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -32,9 +32,10 @@ def prepare_action(sampled_action: ArrayT, action_low: ArrayT, action_high: Arra
 class ActionSampler:
     """One actor's draws, a round at a time, for its model's distribution (the model holds the round's weights).
 
-    `start_round` draws what can be drawn up front from the actor's generator: the round's Gaussian noise [T, E, A]
-    in one call (the gaussian's log-probs follow from it alone: log p(mean + noise * std) = Σ -noise²/2 - log std -
-    log sqrt(2π)), or for the Beta, whose draw depends on each step's output, a numpy generator seeded from it.
+    `start_round` takes the round's generator of each env (ppo_ddp/sampling/split.py) and draws what can be drawn up
+    front: each env's Gaussian noise [T, A] of the round (the gaussian's log-probs follow from it alone: log p(mean +
+    noise * std) = Σ -noise²/2 - log std - log sqrt(2π)); the Beta, whose draw depends on each step's output, draws
+    each env's action from that env's generator step by step.
     `act` makes step t's actions from the policy head's output; `end_round` takes the bounded distributions'
     log-probs of the round in one torch call, `ActionDistribution.log_prob` at the stored actions, the function the
     learner's loss calls.
@@ -47,30 +48,32 @@ class ActionSampler:
         if self.bounded:  # float32 as the model computes them: the stored actions are what the learner reads
             self.center, self.half = model.action_center.numpy(), model.action_half.numpy()
         self.heads = np.zeros(self.shape, dtype=np.float32) if self.bounded else None  # each step's output
-        self.noise: Optional[np.ndarray] = None
-        self.rng: Optional[np.random.Generator] = None
+        self.noise = np.zeros((envs, steps, low.size), dtype=np.float32)  # env by env, as each env's draws are
+        self.rngs: list[np.random.Generator] = []
 
-    def start_round(self, generator: torch.Generator, logp: np.ndarray) -> None:
-        """Draw the round's randomness from generator; the gaussian's log-probs [T, E] into logp."""
+    def start_round(self, rngs: list[np.random.Generator], logp: np.ndarray) -> None:
+        """The round's generator of each env; the gaussian's log-probs [T, E] into logp."""
         self.spread = self.model.actor_logstd.numpy().astype(np.float32)
+        self.rngs = rngs
         if self.kind == "beta":
-            self.rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator).item()))
             return
         self.std = np.exp(self.spread)
-        self.noise = torch.randn(self.shape, generator=generator).numpy()
+        for e, rng in enumerate(rngs):
+            rng.standard_normal(out=self.noise[e], dtype=np.float32)
+        self.noise_t = self.noise.swapaxes(0, 1)  # [T, E, A]
         if self.kind == "gaussian":
-            logp[:] = (-0.5 * self.noise * self.noise - self.spread - np.float32(LOG_SQRT_2PI)).sum(-1)
+            logp[:] = (-0.5 * self.noise_t * self.noise_t - self.spread - np.float32(LOG_SQRT_2PI)).sum(-1)
 
     def act(self, t: int, out: np.ndarray, action: np.ndarray) -> np.ndarray:
         """Step t's actions [E, A] into `action` (the rollout's row) from the head's output `out`; returns what the
         envs get: the Gaussian's sample clipped to the bounds, a bounded distribution's action itself."""
         if self.kind != "beta":  # the Normal's sample: the Gaussian's action, tanh_gaussian's before the squashing
-            np.multiply(self.noise[t], self.std, out=action)
+            np.multiply(self.noise[:, t], self.std, out=action)
             action += out
             if self.kind == "gaussian":
                 return prepare_action(action, self.low, self.high)[1]
         self.heads[t] = out
-        unit = tanh_action(action) if self.kind == "tanh_gaussian" else beta_action(out, self.spread, self.rng)
+        unit = tanh_action(action) if self.kind == "tanh_gaussian" else beta_action(out, self.spread, self.rngs)
         np.multiply(unit, self.half, out=action)
         action += self.center
         return action

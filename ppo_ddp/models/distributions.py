@@ -148,8 +148,9 @@ class ActionDistribution:
             return u if self.kind == "gaussian" else self._squash(u)
         seed = int(torch.randint(2**62, (1,), generator=generator).item())
         center, half = self._bounds()
-        drawn = beta_action(out.detach().cpu().numpy(), spread.detach().cpu().numpy(), np.random.default_rng(seed))
-        return center + half * torch.as_tensor(drawn, dtype=out.dtype, device=out.device)
+        rows = out.detach().cpu().numpy().reshape(-1, out.shape[-1])
+        drawn = beta_action(rows, spread.detach().cpu().numpy(), [np.random.default_rng(seed)] * len(rows))
+        return center + half * torch.as_tensor(drawn.reshape(out.shape), dtype=out.dtype, device=out.device)
 
     def _squash(self, u: torch.Tensor) -> torch.Tensor:
         center, half = self._bounds()
@@ -163,10 +164,11 @@ def tanh_action(u: np.ndarray) -> np.ndarray:
     return np.clip(u, -1.0 + EDGE, 1.0 - EDGE, out=u)
 
 
-def beta_action(out: np.ndarray, spread: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A Beta draw as a unit action in [-1 + 2 EDGE, 1 - 2 EDGE], float32: α, β from out and spread as
-    _beta_parameters computes them (float32), drawn by numpy's generator."""
+def beta_action(out: np.ndarray, spread: np.ndarray, rngs: list[np.random.Generator]) -> np.ndarray:
+    """Beta draws [E, A] as unit actions in [-1 + 2 EDGE, 1 - 2 EDGE], float32: α, β from out [E, A] and spread as
+    _beta_parameters computes them (float32), row e drawn by numpy's generator rngs[e] (each env its own)."""
     m = 0.5 * np.tanh(0.5 * out) + 0.5  # sigmoid without overflow
     kappa = np.exp(spread)
-    x = rng.beta(1.0 + m * kappa, 1.0 + (1.0 - m) * kappa)
+    a, b = 1.0 + m * kappa, 1.0 + (1.0 - m) * kappa
+    x = np.stack([rng.beta(a[e], b[e]) for e, rng in enumerate(rngs)])
     return (2.0 * np.clip(x, EDGE, 1.0 - EDGE) - 1.0).astype(np.float32)

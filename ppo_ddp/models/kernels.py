@@ -180,6 +180,51 @@ class RecurrentKernel:
         return out[:, :-1], unscale_value(out[:, -1], self.value_scale), state
 
 
+def kernel_rows(envs: int) -> int:
+    """The rows of every forward call of the actors of a rank with `envs` envs in all: the largest power of two up to
+    8 and up to `envs`. How a BLAS product rounds a row depends on how many rows the call has (OpenBLAS, measured:
+    a row of a 3-, 5-, 6- or 7-row call differs from the same row in a 4- or 8-row call) but not on where in a call of
+    2, 4, 8, 16 or 32 rows it sits nor on the other rows; so an env gets the same actions from whichever actor steps
+    it when every call has this many rows. At most 8: an actor of few envs pads them to it."""
+    return min(8, 1 << (max(envs, 1).bit_length() - 1))
+
+
+class FixedRows:
+    """A kernel whose every call has `rows` rows (kernel_rows says why): fewer rows are stepped in a buffer of `rows`
+    whose other rows are left as they are (a row's outputs do not depend on them), more a block of `rows` at a
+    time; the outputs are the input's rows only."""
+
+    def __init__(self, kernel: PolicyKernel | RecurrentKernel, rows: int) -> None:
+        self.kernel, self.rows = kernel, rows
+        self._buffers: dict[int, np.ndarray] = {}  # per input (obs, state, critic_obs): `rows` rows, kept
+
+    def load(self, model: ActorCritic | RecurrentActorCritic, value_rms: Optional[Moments] = None) -> None:
+        self.kernel.load(model, value_rms)
+
+    def step(
+        self, obs: np.ndarray, state: Optional[np.ndarray], critic_obs: Optional[np.ndarray] = None
+    ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+        n, rows = len(obs), self.rows
+        if n == rows:
+            return self.kernel.step(obs, state, critic_obs)
+        if n < rows:
+            out = self.kernel.step(*(self._in_buffer(i, x) for i, x in enumerate((obs, state, critic_obs))))
+            return tuple(None if y is None else y[:n] for y in out)  # type: ignore[return-value]
+        blocks = [self.step(*(None if x is None else x[i : i + rows] for x in (obs, state, critic_obs)))
+                  for i in range(0, n, rows)]  # fmt: skip
+        return tuple(None if parts[0] is None else np.concatenate(parts) for parts in zip(*blocks))  # type: ignore
+
+    def _in_buffer(self, i: int, x: Optional[np.ndarray]) -> Optional[np.ndarray]:
+        """x in the first rows of input i's buffer of `rows` rows (made, zeroed, on first use)."""
+        if x is None:
+            return None
+        buffer = self._buffers.get(i)
+        if buffer is None or buffer.shape[1:] != x.shape[1:] or buffer.dtype != x.dtype:
+            buffer = self._buffers[i] = np.zeros((self.rows, *x.shape[1:]), dtype=x.dtype)
+        buffer[: len(x)] = x
+        return buffer
+
+
 def make_kernel(model: ActorCritic | RecurrentActorCritic, activation: str) -> PolicyKernel | RecurrentKernel:
     """The numpy forward the actors step with, for either network."""
     if isinstance(model, RecurrentActorCritic):

@@ -33,6 +33,7 @@ from ppo_ddp.envs.make import make_env
 from ppo_ddp.envs.state import capturable
 from ppo_ddp.errors import CheckpointError
 from ppo_ddp.records.run_state import RunState, rank_state
+from ppo_ddp.sampling.split import join
 from ppo_ddp.storage.checkpoint import as_arrays, check_compatible, load_checkpoint, mean_policy, save_checkpoint
 
 UNCAPTURABLE = "its envs' state cannot be captured (not a MuJoCo env, or in a wrapper ppo_ddp does not know)"
@@ -124,10 +125,8 @@ class Checkpointer:
     ) -> None:
         """The run state and this rank's own state from a checkpoint; notes collects what the user should read."""
         mine = _restore_rank(state, self.ctx, learner, notes)
-        noise = mine.get("actor_noise") if mine is not None else None
-        run.noise_states = list(noise) if noise is not None and len(noise) == actors else None
-        shape = actors, self.cfg.envs_per_actor
-        run.actors_carried = _carried(mine, shape, self.envs_capturable, notes if self.ctx.is_main else [])
+        envs = actors * self.cfg.envs_per_actor
+        run.envs_carried = _carried(mine, envs, self.envs_capturable, notes if self.ctx.is_main else [])
         run.behaviour_weights = mine.get("behaviour_weights") if mine is not None else None
         run.load_state_dict(state)
         if not self.cfg.adaptive_lr:
@@ -234,23 +233,24 @@ def elastic_restart() -> tuple[int, Optional[str]]:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), os.environ.get("TORCHELASTIC_RUN_ID")
 
 
-def _carried(
-    mine: Optional[dict[str, Any]], shape: tuple[int, int], envs_capturable: bool, notes: list[str]
-) -> Optional[list]:
-    """This rank's actors' carried state from a checkpoint where it fits the run's (actors, envs per actor);
-    otherwise None, and the note that the envs start new episodes (the run goes on, no longer the run it would have
-    been)."""
+def _carried(mine: Optional[dict[str, Any]], envs: int, envs_capturable: bool, notes: list[str]) -> Optional[dict]:
+    """This rank's envs' carried state (ppo_ddp/sampling/split.py) from a checkpoint where it holds the run's number
+    of envs, however they were split over actors; otherwise None, and the note that the envs start new episodes (the
+    run goes on, no longer the run it would have been). A checkpoint from before splits mattered not holds its
+    actors' states one by one, in actor order: joined, they are its envs'."""
     if mine is None:  # another world size: _restore_rank's note says so
         return None
-    carried, (actors, envs) = mine.get("actors_carried"), shape
-    if carried is not None and len(carried) == actors and all(len(c["observations"]) == envs for c in carried):
+    carried = mine.get("envs_carried")
+    if carried is None and mine.get("actors_carried") is not None:
+        carried = join(as_arrays(mine["actors_carried"]))
+    if carried is not None and len(carried["observations"]) == envs:
         return as_arrays(carried)
     if not envs_capturable:
         why = UNCAPTURABLE
     elif carried is None:
         why = "the checkpoint holds no env state (it was written before exact resume)"
     else:
-        why = "the checkpoint's actors and envs differ from this run's"
+        why = f"the checkpoint holds {len(carried['observations'])} envs a rank, this run {envs}"
     notes.append(f"the envs start new episodes: {why}")
     return None
 

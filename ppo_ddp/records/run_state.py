@@ -15,6 +15,7 @@ import torch
 from ppo_ddp.algorithm.learner import Learner
 from ppo_ddp.distributed import process_group as D
 from ppo_ddp.models.normalization import Moments
+from ppo_ddp.sampling.split import join
 from ppo_ddp.storage.checkpoint import as_tensors
 
 RETURN_WINDOW = 100
@@ -42,11 +43,10 @@ class RunState:
     best_eval_return: float = -math.inf
     """The best mean return of an evaluation so far (eval_interval)."""
     recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
-    noise_states: Optional[list[torch.Tensor]] = None
-    """This rank's actors' noise generator states after the last round (each rank its own)."""
-    actors_carried: Optional[list[dict[str, Any]]] = None
-    """What this rank's actors carry into the next round (`Actor.carried`), or None where it cannot be captured:
-    a resumed run's actors continue their episodes from it, exactly."""
+    envs_carried: Optional[dict[str, Any]] = None
+    """What this rank's envs carry into the next round (ppo_ddp/sampling/split.py's `join` of the actors'
+    `Actor.carried`), or None where it cannot be captured: a resumed run's actors continue their episodes from it,
+    exactly, however it splits its envs."""
     behaviour_weights: Optional[torch.Tensor] = None
     """Overlapped rounds: the flat weights the round in flight acts with (this rank's; ppo_ddp/runner/rounds.py)."""
 
@@ -61,9 +61,8 @@ class RunState:
 
     def take_actor_states(self, reports: list[Any]) -> None:
         """The states the actors' reports of the last round carry, kept for the next checkpoint."""
-        self.noise_states = [torch.from_numpy(r.noise_state) for r in reports]  # tensors: weights_only
         carried = [r.carried for r in reports]
-        self.actors_carried = carried if all(c is not None for c in carried) else None
+        self.envs_carried = join(carried) if all(c is not None for c in carried) else None
 
     def mean_recent_return(self) -> float:
         return float(np.mean(self.recent_returns)) if self.recent_returns else math.nan
@@ -97,15 +96,14 @@ class RunState:
 
 
 def rank_state(ctx: D.DistContext, learner: Learner, run: RunState) -> dict[str, Any]:
-    """What only this rank knows (its own Adam moments, RNG, actors' noise; parameters between syncs)."""
+    """What only this rank knows (its own Adam moments, RNG, its envs' state; parameters between syncs)."""
     own = {
         "actor": {k: v.detach().cpu() for k, v in learner.model.state_dict().items()},
         "optimizer": _to_cpu(learner.optimizer.state_dict()),
         "generator": learner.generator.get_state(),
         "torch_rng_state": torch.get_rng_state(),
         "cuda_rng_state": torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None,
-        "actor_noise": run.noise_states,
-        "actors_carried": as_tensors(run.actors_carried),
+        "envs_carried": as_tensors(run.envs_carried),
     }
     if run.behaviour_weights is not None:  # overlapped rounds: the weights of the round in flight
         own["behaviour_weights"] = run.behaviour_weights.detach().cpu()

@@ -76,7 +76,7 @@ class RoundRecorder:
                 "critic_obs": buffers.critic_obs.clone() if buffers.spec.critic_dim else None,
                 "learning_rate": trainer.learner.learning_rate,
                 "adv_stats": adv_stats,
-                "obs_increments": [r.obs_moments.to_state() for r in reports],
+                "obs_increments": [m.to_state() for r in reports for m in r.obs_moments],
                 "rank": ctx.rank,
                 "local_rank": ctx.local_rank,
                 "world_size": ctx.world_size,
@@ -86,7 +86,6 @@ class RoundRecorder:
                 # what a checkpoint of this round must hold for this rank (resume tests compare them)
                 "optimizer": own["optimizer"],
                 "generator": own["generator"],
-                "actor_noise": [torch.from_numpy(r.noise_state) for r in reports],
             },
             self.out / f"rank{ctx.rank}_iter{iteration}.pt",
         )

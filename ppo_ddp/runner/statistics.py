@@ -52,10 +52,11 @@ def merge_round(
     obs_inc, ret_inc, value_inc, critic_inc, adv_moments = C.merge_moments_across_ranks(
         ctx,
         [
-            merge_rms_states(r.obs_moments for r in reports) if cfg.normalize_obs else None,
-            merge_rms_states(r.return_moments for r in reports) if cfg.normalize_reward else None,
+            # each env's moments in index order (actors report theirs in order): the same whatever the split
+            merge_rms_states(m for r in reports for m in r.obs_moments) if cfg.normalize_obs else None,
+            merge_rms_states(m for r in reports for m in r.return_moments) if cfg.normalize_reward else None,
             tensor_moments(rollout.batch.returns) if cfg.normalize_value else None,
-            merge_rms_states(r.critic_moments for r in reports) if critic else None,
+            merge_rms_states(m for r in reports for m in r.critic_moments) if critic else None,
             # recomputed advantages are normalised by each rank at each epoch (Learner._targets)
             tensor_moments(rollout.batch.advantages) if cfg.norm_adv and not cfg.recompute_advantages else None,
         ],

@@ -206,11 +206,12 @@ class Trainer:
         """Metrics averaged over ranks and the episodes of every actor of every rank; the round goes into the
         run state. Returns the metrics and whether the mean recent return is a new best."""
         run = self.run
-        metrics, episodes = C.average_metrics(
-            self.ctx,
-            local,
-            [(ret, length) for r in rollout.reports for ret, length in zip(r.episode_returns, r.episode_lengths)],
+        ended = sorted(  # by step, then env index: the same order whichever actor stepped which env
+            (end, ret, length)
+            for r in rollout.reports
+            for end, ret, length in zip(r.episode_ends, r.episode_returns, r.episode_lengths)
         )
+        metrics, episodes = C.average_metrics(self.ctx, local, [(ret, length) for _, ret, length in ended])
         improved = run.add_episodes([ret for ret, _ in episodes])
         run.iteration, run.global_step = iteration, run.global_step + self.steps_per_round
         if self.cfg.adaptive_lr:  # the next round's rate, from the KL averaged over ranks: the same on every rank
@@ -336,8 +337,7 @@ class Trainer:
             obs_dim=self.spec.obs_dim,
             act_dim=self.spec.act_dim,
             pin_memory=self.ctx.device.type == "cuda",
-            noise_states=self.run.noise_states,
-            carried=self.run.actors_carried,
+            carried=self.run.envs_carried,
             first_round=self.run.iteration + (0 if self.seeding else 1),
             critic_dim=self.spec.critic_dim,
         )

@@ -21,17 +21,10 @@ from ppo_ddp.envs.make import env_seed, make_env
 from ppo_ddp.models.actions import ActionSampler
 from ppo_ddp.models.factory import make_model
 from ppo_ddp.models.flat import read_flat_parameters
-from ppo_ddp.models.kernels import make_kernel
+from ppo_ddp.models.kernels import FixedRows, kernel_rows, make_kernel
 from ppo_ddp.models.normalization import DiscountedReturn, Moments, compute_batch_moments, normalize_obs, scale_reward
+from ppo_ddp.sampling.split import noise_rng
 from ppo_ddp.storage.shared import SharedBuffers
-
-_NOISE_SEED_KEY = 0x6E6F697365  # spawn key that separates the action-noise seeds from env_seed's
-
-
-def noise_seed(seed: int, rank: int, actor: int) -> int:
-    """Deterministic 64-bit seed of an actor's action-noise generator, distinct from every env seed."""
-    state = np.random.SeedSequence([seed, rank, actor], spawn_key=(_NOISE_SEED_KEY,)).generate_state(1, np.uint64)
-    return int(state[0])
 
 
 @dataclass
@@ -40,17 +33,17 @@ class ActorReport:
 
     actor_id: int
     episode_returns: list[float]
-    """Returns of the episodes that ended this round, in the order they ended."""
+    """Returns of the episodes that ended this round, in the order they ended: by step, then env."""
     episode_lengths: list[int]
-    obs_moments: Moments
-    """Moments of the T*E raw observations the policy acted on this round (an increment, not history)."""
-    return_moments: Optional[Moments]
-    """Moments of this round's discounted returns G (None unless cfg.normalize_reward)."""
-    critic_moments: Optional[Moments] = None
-    """Moments of the T*E raw privileged observations the critic valued this round (cfg.critic_obs)."""
-    noise_state: Optional[np.ndarray] = None
-    """The action-noise generator's state after the round (uint8), for checkpoints: a resumed actor continues it.
-    numpy, not a torch tensor: torch pickles tensors through pipes as shared memory and passed fds."""
+    episode_ends: list[tuple[int, int]]
+    """(step of the round, env index in the rank) of each: the learner orders every actor's episodes by them."""
+    obs_moments: list[Moments]
+    """Each env's moments of the T raw observations the policy acted on this round (an increment, not history),
+    in env order: the learner merges every env's in index order, whichever actor stepped it."""
+    return_moments: Optional[list[Moments]]
+    """Each env's moments of this round's discounted returns G (None unless cfg.normalize_reward)."""
+    critic_moments: Optional[list[Moments]] = None
+    """Each env's moments of the T raw privileged observations the critic valued this round (cfg.critic_obs)."""
     carried: Optional[dict[str, Any]] = None
     """What the actor carries into the next round (`Actor.carried`: its envs' whole state, observations,
     counters), for checkpoints: a resumed actor continues its episodes exactly. None: its envs' state cannot be
@@ -84,12 +77,11 @@ class Actor:
     (docs/design.md, "a round"). It runs in the actor process; tests also drive it in-process.
     """
 
-    def __init__(
-        self, cfg: Config, rank: int, actor_id: int, buffers: SharedBuffers, noise_state: Optional[np.ndarray] = None
-    ) -> None:
+    def __init__(self, cfg: Config, rank: int, actor_id: int, buffers: SharedBuffers) -> None:
         spec = buffers.spec
         self.cfg, self.rank, self.actor_id, self.buffers = cfg, rank, actor_id, buffers
         T, E, D = cfg.rollout_length, cfg.envs_per_actor, spec.obs_dim
+        self.first_env = actor_id * E  # its envs' indices in the rank's round (ppo_ddp/sampling/split.py)
         if (spec.rollout_length, spec.envs_per_actor) != (T, E):
             raise ValueError(
                 f"buffer holds [T={spec.rollout_length}, E={spec.envs_per_actor}], config asks for [T={T}, E={E}]"
@@ -108,15 +100,12 @@ class Actor:
         self.action_high = np.asarray(space.high, dtype=np.float32)
         self.model = make_model(cfg, D, spec.act_dim, Dc, (self.action_low, self.action_high))
         self.model.requires_grad_(False)
-        self.kernel = make_kernel(self.model, cfg.activation)
+        self.kernel = FixedRows(make_kernel(self.model, cfg.activation), kernel_rows(spec.num_actors * E))
         self.actions = ActionSampler(self.model, self.action_low, self.action_high, T, E)
         # A GRU's memory of each env (None for an MLP): zeroed when the env's episode ends, carried across rounds;
         # `starting` marks the envs whose current observation is the first of an episode (all, after the first reset)
         self.state = np.zeros((E, spec.rnn_hidden), dtype=np.float32) if spec.rnn_hidden else None
         self.starting = np.ones(E, dtype=bool)
-        self.generator = torch.Generator().manual_seed(noise_seed(cfg.seed, rank, actor_id))
-        if noise_state is not None:  # resumed from a checkpoint: continue the noise where it stopped
-            self.generator.set_state(torch.from_numpy(np.array(noise_state, dtype=np.uint8)))
         self.discounted = DiscountedReturn(E, cfg.gamma) if cfg.normalize_reward else None
         # persistent across rounds: raw[0] holds the observation each env is in when a round starts
         self.raw = np.zeros((T + 1, E, D), dtype=np.float64)
@@ -140,7 +129,7 @@ class Actor:
     def _first_reset(self) -> None:
         for e in range(len(self.envs)):
             try:
-                seed, critic = env_seed(self.cfg.seed, self.rank, self.actor_id, e), self._critic_row(0, e)
+                seed, critic = env_seed(self.cfg.seed, self.rank, self.first_env + e), self._critic_row(0, e)
                 self.raw[0, e] = self.envs.reset(e, seed, critic)
             except EnvFailure as failure:
                 exc = failure.__cause__
@@ -179,10 +168,11 @@ class Actor:
         obs_rms, ret_rms, critic_rms = self._load_round()
         if not self.started:
             self._first_reset()
-        self.actions.start_round(self.generator, self.out["logp"])
+        envs = range(self.first_env, self.first_env + len(self.envs))
+        self.actions.start_round([noise_rng(self.cfg.seed, self.rank, n, round_k) for n in envs], self.out["logp"])
         self.terminated.fill(False)
         self.truncated.fill(False)
-        episodes: list[tuple[float, int]] = []  # (return, length) of the episodes that ended
+        episodes: list[tuple[int, int, float, int]] = []  # (step, env index, return, length) of those that ended
         finals: list[Final] = []
         for t in range(self.cfg.rollout_length):
             env_action = self._act(t, obs_rms, critic_rms)
@@ -190,21 +180,21 @@ class Actor:
         self.actions.end_round(self.out["actions"], self.out["logp"])
         self._bootstrap_values(obs_rms, critic_rms, finals)
         return_moments = self._advantages(ret_rms)
-        T, E = self.cfg.rollout_length, len(self.envs)
-        obs_moments = compute_batch_moments(self.raw[:T].reshape(T * E, -1))
+        T = self.cfg.rollout_length
+        obs_moments = env_moments(self.raw[:T])
         self.raw[0] = self.raw[T]
         critic_moments = None
         if self.raw_critic is not None:
-            critic_moments = compute_batch_moments(self.raw_critic[:T].reshape(T * E, -1))
+            critic_moments = env_moments(self.raw_critic[:T])
             self.raw_critic[0] = self.raw_critic[T]
         return ActorReport(
             actor_id=self.actor_id,
-            episode_returns=[ret for ret, _ in episodes],
-            episode_lengths=[length for _, length in episodes],
+            episode_returns=[ret for *_, ret, _ in episodes],
+            episode_lengths=[length for *_, length in episodes],
+            episode_ends=[(t, n) for t, n, *_ in episodes],
             obs_moments=obs_moments,
             return_moments=return_moments,
             critic_moments=critic_moments,
-            noise_state=self.generator.get_state().numpy(),
             carried=self.carried(),
         )
 
@@ -268,7 +258,12 @@ class Actor:
         return self.actions.act(t, out, self.out["actions"][t])
 
     def _step_envs(
-        self, t: int, env_action: np.ndarray, round_k: int, episodes: list[tuple[float, int]], finals: list[Final]
+        self,
+        t: int,
+        env_action: np.ndarray,
+        round_k: int,
+        episodes: list[tuple[int, int, float, int]],
+        finals: list[Final],
     ) -> None:
         """Step every env once; an ended episode is recorded (its final observation too, and a GRU's state after
         the step, which the bootstrap value needs) and its env reset, with the GRU's memory of it. Only the ended
@@ -289,7 +284,7 @@ class Actor:
         self.episode_return += rew_t
         self.episode_length += 1
         for e in np.flatnonzero(self.starting):
-            episodes.append((float(self.episode_return[e]), int(self.episode_length[e])))
+            episodes.append((t, self.first_env + e, float(self.episode_return[e]), int(self.episode_length[e])))
             self.episode_return[e], self.episode_length[e] = 0.0, 0
 
     def _final(self, t: int, e: int, obs: np.ndarray, round_k: int) -> Final:
@@ -331,9 +326,9 @@ class Actor:
             if next_obs is not None:
                 next_obs[ended] = final_critic if own else final_obs
 
-    def _advantages(self, ret_rms: Optional[Moments]) -> Optional[Moments]:
-        """Rewards, GAE advantages and returns, flags into the rollout; the moments of this round's discounted
-        returns (for reward scaling) or None."""
+    def _advantages(self, ret_rms: Optional[Moments]) -> Optional[list[Moments]]:
+        """Rewards, GAE advantages and returns, flags into the rollout; each env's moments of this round's
+        discounted returns (for reward scaling) or None."""
         cfg, out, rewards = self.cfg, self.out, self.rewards
         terminated, truncated = self.terminated, self.truncated
         out["rewards"][:] = rewards  # raw rewards (float32); GAE sees them scaled by the frozen return std
@@ -343,7 +338,7 @@ class Actor:
             discounted = np.empty(rewards.shape, dtype=np.float64)
             for t in range(len(rewards)):
                 discounted[t] = self.discounted.update(rewards[t], ended[t])
-            return_moments = compute_batch_moments(discounted.reshape(-1))
+            return_moments = env_moments(discounted)
         advantages, returns = compute_gae(
             torch.from_numpy(scale_reward(out["rewards"], ret_rms, cfg.reward_clip)),
             torch.from_numpy(out["values"]),
@@ -358,3 +353,9 @@ class Actor:
         out["terminated"][:] = terminated
         out["truncated"][:] = truncated
         return return_moments
+
+
+def env_moments(x: np.ndarray) -> list[Moments]:
+    """Each env's moments of a round's rows x [T, E, ...]: env e's from a contiguous copy of x[:, e], so that numpy
+    reduces the same array the same way whatever else the actor steps (its pairwise summation depends on strides)."""
+    return [compute_batch_moments(np.ascontiguousarray(x[:, e])) for e in range(x.shape[1])]

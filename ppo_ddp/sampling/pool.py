@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from ppo_ddp.configuration.config import Config
@@ -36,6 +35,7 @@ from ppo_ddp.models.normalization import Moments
 from ppo_ddp.sampling.actor import ActorReport
 from ppo_ddp.sampling.children import CLOSE_TIMEOUT, actor_error, child_start_state, gone_error, mp_context, stuck_error
 from ppo_ddp.sampling.process import ActorArgs, actor_main
+from ppo_ddp.sampling.split import deal
 from ppo_ddp.storage.batch import RolloutBatch
 from ppo_ddp.storage.shared import BufferSpec, SharedBuffers
 
@@ -74,18 +74,18 @@ class ActorPool:
         obs_dim: int,
         act_dim: int,
         pin_memory: bool,
-        noise_states: Optional[list[Any]] = None,
         first_round: int = 1,
-        carried: Optional[list[dict[str, Any]]] = None,
+        carried: Optional[dict[str, Any]] = None,
         critic_dim: int = 0,
     ) -> None:
-        """noise_states: each actor's action-noise generator state (uint8 tensor or array) to continue from, or None.
-        carried: what each actor carried into the next round (`Actor.carried`) to continue from, or None.
+        """carried: what the rank's envs carried into the next round (ppo_ddp/sampling/split.py's `join` of the
+        actors' `Actor.carried`, whatever split they had) to continue from, dealt to these actors; or None.
         critic_dim: the width of the critic's own observation (cfg.critic_obs; 0: none).
         first_round: the number of the first `collect` in the trainer's count (messages name rounds by it)."""
         self.cfg, self.rank, self.num_actors = cfg, rank, num_actors
-        if noise_states is not None and len(noise_states) != num_actors:
-            raise ValueError(f"{len(noise_states)} noise states for {num_actors} actors")
+        dealt = deal(carried, num_actors, cfg.envs_per_actor) if carried is not None else None
+        if carried is not None and dealt is None:
+            raise ValueError(f"the carried state holds {len(carried['observations'])} envs, not {num_actors} actors' ")
         self.buffers: Optional[SharedBuffers] = None
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[mp.connection.Connection] = []
@@ -111,15 +111,7 @@ class ActorPool:
                         target=actor_main,
                         args=(
                             child_conn,
-                            ActorArgs(
-                                cfg,
-                                rank,
-                                a,
-                                spec,
-                                self.buffers.name,
-                                np.asarray(noise_states[a], dtype=np.uint8) if noise_states is not None else None,
-                                carried[a] if carried is not None else None,
-                            ),
+                            ActorArgs(cfg, rank, a, spec, self.buffers.name, dealt[a] if dealt is not None else None),
                         ),
                         name=f"ppo-actor-r{rank}-a{a}",
                         daemon=True,

@@ -17,7 +17,6 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from ppo_ddp.configuration.config import Config
@@ -37,7 +36,6 @@ class ActorArgs:
     actor_id: int
     buffer_spec: BufferSpec
     shm_name: str
-    noise_state: Optional[np.ndarray] = None
     carried: Optional[dict[str, Any]] = None
     """What the actor carried into its next round when the run stopped (Actor.carried), or None: new episodes."""
 
@@ -74,7 +72,7 @@ def actor_main(conn: mp.connection.Connection, args: ActorArgs) -> None:
     try:
         try:
             buffers = SharedBuffers.attach(args.buffer_spec, args.shm_name)
-            actor = Actor(args.cfg, args.rank, args.actor_id, buffers, args.noise_state)
+            actor = Actor(args.cfg, args.rank, args.actor_id, buffers)
             if args.carried is not None:  # a resumed run: its episodes continue where they stopped
                 actor.restore(args.carried)
         except BaseException as exc:

@@ -17,20 +17,18 @@ class RoundSteps:
     step's next observation as the critic reads it, as rows, and the GAE inputs the actors had, on the [T, A * E]
     grid of compute_gae."""
 
-    next_obs: torch.Tensor  # rows [B, Dv] (the critic's observation), in the batch's row order (actor, step, env)
-    rewards: torch.Tensor  # [T, A * E]: scaled as the actors scaled them (the round's frozen return statistics)
-    terminated: torch.Tensor  # [T, A * E], bool
+    next_obs: torch.Tensor  # rows [B, Dv] (the critic's observation), in the batch's row order (env, step)
+    rewards: torch.Tensor  # [T, N]: scaled as the actors scaled them (the round's frozen return statistics)
+    terminated: torch.Tensor  # [T, N], bool
     truncated: torch.Tensor
-    num_actors: int
 
     def grid(self, rows: torch.Tensor) -> torch.Tensor:
-        """Rows [A * T * E] (actor, step, env) as the [T, A * E] grid."""
-        T = self.rewards.shape[0]
-        return rows.reshape(self.num_actors, T, -1).movedim(1, 0).reshape(T, -1)
+        """Rows [N * T] (env, step) as the [T, N] grid."""
+        return rows.reshape(-1, self.rewards.shape[0]).movedim(1, 0)
 
     def rows(self, grid: torch.Tensor) -> torch.Tensor:
-        """The [T, A * E] grid as rows [A * T * E]: the inverse of grid()."""
-        return grid.reshape(grid.shape[0], self.num_actors, -1).movedim(0, 1).reshape(-1)
+        """The [T, N] grid as rows [N * T]: the inverse of grid()."""
+        return grid.movedim(0, 1).reshape(-1)
 
 
 @dataclass
@@ -61,19 +59,19 @@ class RolloutBatch:
 
     @staticmethod
     def from_buffers(buffers, device: torch.device, reward_clip: float = 10.0) -> RolloutBatch:
-        """The [A, T, E, ...] shared rollout as rows; non_blocking copies when the buffers are pinned. Chunks (a GRU's
-        rows) are env by env: chunk (a, e, c) holds steps c*L .. c*L+L-1 of env e of actor a, whose entering state
-        is hidden[a, c, e]; ranks and actors never share a chunk. With next observations in the layout, the
-        RoundSteps for recomputing the advantages (rewards scaled with reward_clip, as the actors did)."""
+        """The [A, T, E, ...] shared rollout as rows, env by env: the rows of env n = a * E + e (the env's index in
+        the rank's round) are its steps in order, so a round's rows are the same however its envs were split over
+        actors (ppo_ddp/sampling/split.py). Copied to the device first (non_blocking when the buffers are pinned),
+        then reordered there. Chunks (a GRU's rows): chunk (n, c) holds steps c*L .. c*L+L-1 of env n, whose
+        entering state is hidden[a, c, e]; ranks and envs never share a chunk. With next observations in the layout,
+        the RoundSteps for recomputing the advantages (rewards scaled with reward_clip, as the actors did)."""
         L = buffers.spec.seq_length if buffers.spec.rnn_hidden else None
 
         def rows(t: torch.Tensor, trailing: int) -> torch.Tensor:
-            if L is None:
-                t = t.reshape(-1, *t.shape[t.dim() - trailing :]) if trailing else t.reshape(-1)
-            else:  # [A, T, E, ...] -> [A, E, T, ...] -> [A * E * T/L, L, ...]
-                t = t.movedim(2, 1)
-                t = t.reshape(-1, L, *t.shape[3:])
-            return t.to(device, non_blocking=True)
+            t = t.to(device, non_blocking=True).movedim(2, 1)  # [A, T, E, ...] -> [A, E, T, ...]
+            if L is None:  # -> [A * E * T, ...]
+                return t.reshape(-1, *t.shape[t.dim() - trailing :]) if trailing else t.reshape(-1)
+            return t.reshape(-1, L, *t.shape[3:])  # -> [A * E * T/L, L, ...]
 
         batch = RolloutBatch(
             obs=rows(buffers.obs, 1),
@@ -91,7 +89,7 @@ class RolloutBatch:
             batch.hidden = hidden.reshape(-1, *hidden.shape[3:]).to(device, non_blocking=True)
         if buffers.spec.next_obs:
 
-            def grid(t: torch.Tensor) -> torch.Tensor:  # [A, T, E] -> [T, A * E]
+            def grid(t: torch.Tensor) -> torch.Tensor:  # [A, T, E] -> [T, A * E] = [T, N]
                 return t.movedim(1, 0).reshape(t.shape[1], -1).to(device, non_blocking=True)
 
             ret_rms = buffers.read_stats().ret  # the frozen statistics the actors scaled this round's rewards with
@@ -101,6 +99,5 @@ class RolloutBatch:
                 grid(rewards),
                 grid(buffers.terminated.bool()),
                 grid(buffers.truncated.bool()),
-                buffers.spec.num_actors,
             )
         return batch
