@@ -7,6 +7,7 @@ learner trains in this process (tests/fixtures_resume.py); two ranks: tests/test
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,3 +155,18 @@ def test_the_envs_state_joined_from_one_split_is_dealt_to_another():
     assert all(d["rnn_state"] is None and d["started"] for d in dealt)
     assert np.array_equal(join(dealt)["episode_length"], np.arange(16))
     assert deal(joined, 3, 4) is None  # 12 envs are not this state's 16
+
+
+def test_the_kernel_rows_measurement_finds_the_place_in_a_call_of_8_rows_does_not_matter():
+    # scripts/kernel_rows.py, the measurement docs/design.md cites, on this machine: for the actors' numpy kernel, a
+    # row's outputs in a call of kernel_rows(16) = 8 rows are the same wherever it sits (what FixedRows relies on)
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "scripts/kernel_rows.py"], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    numpy_lines = [line for line in proc.stdout.splitlines() if " numpy: " in line]
+    assert len(numpy_lines) == 4
+    for line in numpy_lines:
+        place = line.split("place in a call of m:")[1].split()
+        assert place[[1, 2, 3, 4, 5, 6, 7, 8, 16, 32].index(8)] == "=", line

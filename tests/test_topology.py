@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +11,10 @@ from ppo_ddp.configuration.topology import (
     DEFAULT_ACTORS_PER_GPU,
     Launch,
     TrainingTopology,
+    cgroup_cpu_quota,
     resolve_rank_device,
     resolve_training_topology,
+    usable_cores,
 )
 
 
@@ -203,3 +206,48 @@ def test_learner_threads_leave_the_cores_of_actors_that_step_during_the_update(m
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert cpu_learner_threads(16, 1, stepping_actors=2) == 14
     assert cpu_learner_threads(4, 1, stepping_actors=2) == 4
+
+
+# ---- the cores a process may use (issue 72): its affinity and a container's CPU quota ------------------------------
+def fake_cgroups(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
+    """A /sys/fs/cgroup of the given files and a /proc/self/cgroup of the given text, for the reader to point at."""
+    fs = tmp_path / "cgroup"
+    fs.mkdir(parents=True)
+    for name, text in files.items():
+        (fs / name).parent.mkdir(parents=True, exist_ok=True)
+        (fs / name).write_text(text + "\n")
+    (tmp_path / "proc_cgroup").write_text(proc + "\n")
+    return fs, tmp_path / "proc_cgroup"
+
+
+def with_affinity(monkeypatch, cpus: int) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+
+
+def test_a_2_cpu_quota_on_a_64_core_host_is_2_cores(tmp_path, monkeypatch):
+    # cgroup v2: the job's cgroup allows 2 CPUs' worth of time; its parent none
+    files = {"cpu.max": "max 100000", "user.slice/job/cpu.max": "200000 100000"}
+    fs, proc = fake_cgroups(tmp_path, "0::/user.slice/job", files)
+    with_affinity(monkeypatch, 64)
+    assert cgroup_cpu_quota(fs, proc) == 2.0
+    assert usable_cores(fs, proc) == (2, "CPU quota")
+
+
+def test_the_smaller_of_affinity_and_quota_wins(tmp_path, monkeypatch):
+    # cgroup v1, inside a container: the host's path is not below the container's root, whose files are its own
+    proc = "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc"
+    files = {"cpu,cpuacct/cpu.cfs_quota_us": "350000", "cpu,cpuacct/cpu.cfs_period_us": "100000"}
+    fs, proc_file = fake_cgroups(tmp_path, proc, files)
+    with_affinity(monkeypatch, 16)
+    assert usable_cores(fs, proc_file) == (3, "CPU quota")  # 3.5 CPUs' worth: 3 whole cores
+    with_affinity(monkeypatch, 2)  # taskset to 2 CPUs under the same quota
+    assert usable_cores(fs, proc_file) == (2, "affinity")
+
+
+def test_no_quota_leaves_the_affinity(tmp_path, monkeypatch):
+    v1 = {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}
+    for proc, files in (("0::/", {"cpu.max": "max 100000"}), ("1:cpu:/", v1), ("0::/", {})):
+        fs, proc_file = fake_cgroups(tmp_path / str(len(files)) / proc[0], proc, files)
+        with_affinity(monkeypatch, 8)
+        assert cgroup_cpu_quota(fs, proc_file) is None and usable_cores(fs, proc_file) == (8, "affinity")
+    assert cgroup_cpu_quota(tmp_path / "none", tmp_path / "no_such_file") is None

@@ -11,8 +11,10 @@ decided), and each rank needs a device of its own.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Optional
 
 Device = Literal["cuda", "mps", "cpu"]
@@ -140,5 +142,60 @@ def cpu_learner_threads(learner_threads: int, learners_on_node: int, stepping_ac
     reason. Large mini-batches gain from the cores the idle actors leave, and several ranks on one machine update
     at the same time.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores, _ = usable_cores()
     return max(1, min(learner_threads, cores // learners_on_node - stepping_actors))
+
+
+CGROUP_FS = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def usable_cores(cgroup_fs: Path = CGROUP_FS, proc_cgroup: Path = PROC_CGROUP) -> tuple[int, str]:
+    """The whole cores this process may keep busy, and what limits them ("affinity" or "CPU quota"): the CPUs of its
+    affinity (taskset, Slurm's binding), fewer where a container's CPU quota allows less time (a 2-CPU quota on a
+    64-core host is 2 cores' worth, though all 64 are in the affinity), rounded down, at least 1."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(cgroup_fs, proc_cgroup)
+    if quota is not None and quota < affinity:
+        return max(1, math.floor(quota)), "CPU quota"
+    return affinity, "affinity"
+
+
+def cgroup_cpu_quota(cgroup_fs: Path = CGROUP_FS, proc_cgroup: Path = PROC_CGROUP) -> Optional[float]:
+    """CPUs' worth of time the quotas of this process's cgroups allow, the smallest along its cgroup's path (cgroup
+    v2's cpu.max "QUOTA PERIOD", v1's cpu.cfs_quota_us / cpu.cfs_period_us); None where none is set or readable."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy, cpu.max in each cgroup
+            for folder in _cgroup_folders(cgroup_fs, path):
+                quota, _, period = _read(folder / "cpu.max").partition(" ")
+                if quota not in ("", "max"):
+                    limits.append(int(quota) / int(period))
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own hierarchy
+            for folder in _cgroup_folders(cgroup_fs / controllers, path):
+                quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+                if quota and period and int(quota) > 0:
+                    limits.append(int(quota) / int(period))
+    return min(limits) if limits else None
+
+
+def _cgroup_folders(root: Path, path: str) -> list[Path]:
+    """The folders of a cgroup and of its ancestors up to the hierarchy's root (in a container, whose root is its own
+    cgroup, the host's path does not exist below it: the root's files are the container's)."""
+    folder, folders = root / path.strip("/"), [root]
+    while folder != root and root in folder.parents:
+        folders.append(folder)
+        folder = folder.parent
+    return folders
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
