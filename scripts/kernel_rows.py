@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as ppo_ddp/sampling/children.py starts the actors
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+if __name__ == "__main__":  # one BLAS thread, as ppo_ddp/sampling/children.py starts the actors (before numpy loads)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -19,8 +19,9 @@ from launches import DETERMINISTIC, TORCHRUN, Launch, assert_same_state
 from test_exact_resume import resume_command
 from test_train import read_csv
 
-from ppo_ddp.configuration.config import Config
-from ppo_ddp.models.factory import make_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import kernel_rows as kernel_rows_script  # noqa: E402
+
 from ppo_ddp.models.kernels import FixedRows, kernel_rows, make_kernel
 from ppo_ddp.sampling.split import deal, join
 
@@ -102,25 +103,12 @@ def test_two_ranks_split_their_envs_either_way_and_make_the_same_run(tmp_path):
 
 
 # ---- the parts, without processes ---------------------------------------------------------------------------------
-NETWORKS = {  # the presets' shapes: Hopper's MLP, scale/humanoid's ELU MLP, a GRU (obs, actions, config)
-    "mlp 64 tanh": (11, 3, {}),
-    "mlp 512-256-128 elu": (348, 17, {"hidden_sizes": (512, 256, 128), "activation": "elu"}),
-    "gru": (17, 6, {"policy": "gru", "rnn_hidden_size": 64}),
-}
-
-
-@pytest.mark.parametrize("network", list(NETWORKS))
-def test_an_env_s_policy_outputs_do_not_depend_on_how_many_envs_its_actor_steps(network):
+@pytest.mark.parametrize("name", list(kernel_rows_script.NETWORKS))
+def test_an_env_s_policy_outputs_do_not_depend_on_how_many_envs_its_actor_steps(name):
     """FixedRows: 16 envs' outputs stepped as one actor's, or 1, 2, 3 or 5 at a time (the last call short), are
-    the same bits; kernel_rows(16) is 8."""
-    obs_dim, act_dim, options = NETWORKS[network]
-    torch.manual_seed(0)
-    cfg = Config(**options)
-    bounds = (np.full(act_dim, -1, np.float32), np.full(act_dim, 1, np.float32))
-    model = make_model(cfg, obs_dim, act_dim, 0, bounds)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    the same bits; kernel_rows(16) is 8. The presets' networks, as scripts/kernel_rows.py makes them."""
+    obs_dim, act_dim, options = kernel_rows_script.NETWORKS[name]
+    cfg, model, _ = kernel_rows_script.network(obs_dim, act_dim, options)
     kernel = FixedRows(make_kernel(model, cfg.activation), kernel_rows(16))
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((16, obs_dim)).astype(np.float32)
