@@ -105,7 +105,7 @@ def test_two_ranks_split_their_envs_either_way_and_make_the_same_run(tmp_path):
 # ---- the parts, without processes ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(kernel_rows_script.NETWORKS))
 def test_an_env_s_policy_outputs_do_not_depend_on_how_many_envs_its_actor_steps(name):
-    """FixedRows: 16 envs' outputs stepped as one actor's, or 1, 2, 3 or 5 at a time (the last call short), are
+    """FixedRows: 16 envs' outputs stepped as one actor's, or 1, 2, 3, 5 or 12 at a time (the last call short), are
     the same bits; kernel_rows(16) is 8. The presets' networks, as scripts/kernel_rows.py makes them."""
     obs_dim, act_dim, options = kernel_rows_script.NETWORKS[name]
     cfg, model, _ = kernel_rows_script.network(obs_dim, act_dim, options)
@@ -114,7 +114,7 @@ def test_an_env_s_policy_outputs_do_not_depend_on_how_many_envs_its_actor_steps(
     obs = rng.standard_normal((16, obs_dim)).astype(np.float32)
     state = rng.standard_normal((16, 64)).astype(np.float32) if cfg.policy == "gru" else None
     whole = kernel.step(obs, state)
-    for actor_envs in (1, 2, 3, 5):
+    for actor_envs in (1, 2, 3, 5, 12):  # 12: a block of 8 and one of 4 padded
         parts = [kernel.step(obs[i : i + actor_envs], None if state is None else state[i : i + actor_envs])
                  for i in range(0, 16, actor_envs)]  # fmt: skip
         for j, out in enumerate(whole):
