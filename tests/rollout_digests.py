@@ -2,9 +2,9 @@
 
 tests/test_actor_identity.py compares them with tests/data/rollout_digests.json: a faster actor must write the same
 rollouts, field by field and bit for bit. The file was first written by the actor of commit cf789fc (issue 44's
-base), then on an AMD machine by 395e257's; it now holds what issue 72's actor wrote on an Intel Xeon (cpu_vendor):
-its env seeds, action noise and statistics belong to the envs, not the actors (ppo_ddp/sampling/split.py), which
-changed every number by design. To write the file again (only when a change is meant to change the numbers, or on
+base), then on an AMD machine by 395e257's; it now holds what issue 72's actor wrote on an Intel Xeon (cpu_vendor,
+cpu_model): its env seeds, action noise and statistics belong to the envs, not the actors (ppo_ddp/sampling/split.py),
+which changed every number by design. To write the file again (only when a change is meant to change the numbers, or on
 another kind of machine, and the commit message says so):
 
     python tests/rollout_digests.py --write
@@ -77,26 +77,40 @@ SCENARIOS: dict[str, tuple[dict, int]] = {
 }
 
 
+def _cpuinfo(field: str) -> str:
+    """The first value of one /proc/cpuinfo field ("unknown" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(
+                (line.split(":", 1)[1].strip() for line in f if line.split(":", 1)[0].strip() == field), "unknown"
+            )
+    except OSError:
+        return "unknown"
+
+
 def cpu_vendor() -> str:
     """The CPU's maker as Linux names it (GenuineIntel, AuthenticAMD): with the same AVX-512 features and library
     versions, the same code wrote other digests on an AMD EPYC than on the machine of the first recording, in the
     fields that torch computes and in MuJoCo's, since libraries pick their kernels by the CPU model too."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "unknown")
-    except OSError:
-        return platform.processor() or "unknown"
+    vendor = _cpuinfo("vendor_id")
+    return platform.processor() or "unknown" if vendor == "unknown" else vendor
+
+
+def cpu_model() -> str:
+    """The CPU's family and model numbers: two Intel Xeons with the same AVX-512 features and versions wrote other
+    digests (CI's, at fdf634d, against this file's), since OpenBLAS and oneDNN pick their kernels by the model."""
+    return f"family {_cpuinfo('cpu family')} model {_cpuinfo('model')}"
 
 
 def machine() -> dict:
-    """What the numbers depend on beyond the code: numpy's SIMD (its matmul's kernels), the CPU's maker and the
-    library versions."""
+    """What the numbers depend on beyond the code: numpy's SIMD (its matmul's kernels), the CPU's maker and model,
+    and the library versions."""
     import mujoco
     from numpy._core._multiarray_umath import __cpu_features__
 
     features = sorted(name for name, found in __cpu_features__.items() if found and name.startswith("AVX512"))
     versions = {"numpy": np.__version__, "torch": torch.__version__, "mujoco": mujoco.__version__}
-    return {**versions, "avx512": features, "cpu_vendor": cpu_vendor()}
+    return {**versions, "avx512": features, "cpu_vendor": cpu_vendor(), "cpu_model": cpu_model()}
 
 
 def _digest(*arrays: np.ndarray) -> str:
