@@ -34,13 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's ppo_ddp, installed or not
 
 from ppo_ddp.configuration.loading import parse_config  # noqa: E402
+from ppo_ddp.configuration.validation import envs_per_learner  # noqa: E402
 
 
 def variants(env_id: str) -> dict[str, list[str]]:
     """The runs of this checkout: the preset sync, overlapped, and overlapped with its round (the same samples)
     from one actor of 16 envs, so that on a 2-core machine the actor and the learner each have a core."""
     cfg = parse_config(["--env-id", env_id], check_env=False)
-    samples = cfg.actors_per_gpu * cfg.envs_per_actor * cfg.rollout_length
+    samples = envs_per_learner(cfg) * cfg.rollout_length
     one_actor = ["--actors-per-gpu", "1", "--envs-per-actor", "16", "--rollout-length", str(samples // 16)]
     # each says its rounds: a preset may overlap already (HalfCheetah's does)
     return {"sync": ["--no-overlap"], "overlap": ["--overlap"], "overlap, 1 actor x 16 envs": ["--overlap", *one_actor]}

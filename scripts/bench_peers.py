@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,13 +168,14 @@ def trainer_command(trainer: str, env_id: str, seed: int, work: Path) -> tuple[l
     return [str(python), str(PEER_WORKERS), trainer, env_id, str(seed)], None
 
 
-def measure(trainer: str, env_id: str, seed: int, cap: float) -> dict | None:
-    """One run, to the score, the cap or the end of its own budget, whichever comes first; None if STOP came first."""
+def measure(trainer: str, env_id: str, seed: int, cap: float, prefix: Sequence[str] = ()) -> dict | None:
+    """One run, to the score, the cap or the end of its own budget, whichever comes first; None if STOP came first.
+    prefix: what the command runs under (scripts/bench_cores.py pins it with taskset)."""
     score = SCORES[env_id]
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
         work = Path(tmp)
         cmd, metrics_csv = trainer_command(trainer, env_id, seed, work)
-        run = Run(cmd, work, metrics_csv)
+        run = Run([*prefix, *cmd], work, metrics_csv)
         reached = None
         try:
             while run.proc.poll() is None and time.monotonic() - run.start < cap and not STOP:

@@ -34,7 +34,7 @@ import train_runs  # noqa: E402
 from bench_rollout import raw_env_rate, side_by_side  # noqa: E402
 
 from ppo_ddp.configuration.loading import parse_config  # noqa: E402
-from ppo_ddp.configuration.topology import resolve_actors_per_learner  # noqa: E402
+from ppo_ddp.configuration.validation import envs_per_learner  # noqa: E402
 
 
 def side_by_side_limit(env_id: str, processes: int, seconds: float) -> float:
@@ -47,8 +47,7 @@ def training_rate(
 ) -> tuple[float, float, float, int]:
     """(env steps per second over the timed rounds, mean rollout s, mean update s, steps per round)."""
     cfg = parse_config(["--config", preset, *flags])
-    steps = resolve_actors_per_learner(cfg.num_actors, 1, cfg.actors_per_gpu) * cfg.envs_per_actor
-    steps *= cfg.rollout_length
+    steps = envs_per_learner(cfg) * cfg.rollout_length
     total = (1 + warmup + rounds) * steps  # round 0 seeds the statistics
     flags = ["--config", preset, *flags, "--total-timesteps", str(total), "--save-interval", str(10**6)]
     run = train_runs.train(ROOT, work, "bench", [*flags, "--eval-interval", "0"])

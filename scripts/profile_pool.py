@@ -49,6 +49,7 @@ from bench_rollout import pool_rate, raw_env_rate, side_by_side  # noqa: E402
 from ppo_ddp.configuration.config import Config  # noqa: E402
 from ppo_ddp.configuration.loading import parse_config  # noqa: E402
 from ppo_ddp.envs.make import make_env  # noqa: E402
+from ppo_ddp.runner.launch import learner_config  # noqa: E402
 from ppo_ddp.sampling.children import SINGLE_THREAD_ENV  # noqa: E402
 
 
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     flags = shlex.split(args.flags)
-    cfg = parse_config(["--config", args.config, *flags])
+    cfg = learner_config(parse_config(["--config", args.config, *flags]))  # the split auto makes here
     E, n = cfg.envs_per_actor, args.cores
     print(f"# {cfg.env_id}, {args.config} {args.flags}; {n} processes side by side, {args.seconds:g} s a row; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip

@@ -60,7 +60,7 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
     assert row["env"] == "Hopper-v5" and row["trainer"] == trainer and row["score"] == 1.0
     assert 0 < row["reached_seconds"] <= row["end_seconds"] < 600 and row["cap_seconds"] == 600
     preset = load_yaml_defaults(ROOT / "ppo_ddp" / "configs" / "hopper.yaml")
-    ours = preset["actors_per_gpu"] * preset["envs_per_actor"] * rollout
+    ours = preset["num_envs"] * rollout
     first = {"ppo_ddp": ours, "sb3": 512, "rl_games": 64 * 64}[trainer]  # hopper_envpool.yaml: 64 envs, horizon 64
     assert row["reached_steps"] % first == 0 and 0 < row["reached_steps"] <= row["end_steps"]
     assert row["end_return"] >= 1.0

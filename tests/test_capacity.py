@@ -31,8 +31,8 @@ def test_a_block_larger_than_dev_shm_is_refused_naming_the_sizes():
     big = BufferSpec(2, 128, 4096, 17, 6, 10_000)  # about 0.12 GiB of rollout buffers
     with pytest.raises(
         ConfigError,
-        match=r"^envs_per_actor=4096: the round of this node \(1 learner\(s\) x actors_per_gpu 2 "
-        r"x envs_per_actor 4096 x rollout_length 128\) needs 0\.\d\d GiB of shared memory "
+        match=r"^num_envs=8192: the round of this node \(1 learner\(s\) x num_envs 8192 \(2 actors x 4096 envs\) "
+        r"x rollout_length 128\) needs 0\.\d\d GiB of shared memory "
         r"for its rollout buffers, /dev/shm has 0\.06 GiB free",
     ):
         check_round_fits(big, 1, free_shm=64 * 1024**2, available=None)
@@ -50,8 +50,8 @@ def test_impossible_size_exits_2_with_one_line_before_starting_anything(repo_roo
         [
             sys.executable,
             "train.py",
-            "--envs-per-actor",
-            "100000",
+            "--num-envs",
+            "200000",
             "--rollout-length",
             "100000",
             "--runs-dir",
@@ -66,7 +66,7 @@ def test_impossible_size_exits_2_with_one_line_before_starting_anything(repo_roo
     _, stderr = proc.communicate(timeout=120)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, stderr
-    assert lines[0].startswith("train.py: error: envs_per_actor=100000: the round of this node") and "GiB" in lines[0]
+    assert lines[0].startswith("train.py: error: num_envs=200000: the round of this node") and "GiB" in lines[0]
     assert not (tmp_path / "runs").exists()  # nothing started: no run folder
     assert not _session_members(proc.pid), "processes of the run outlived it"
 

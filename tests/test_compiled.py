@@ -117,11 +117,11 @@ def learner_for(cfg: Config, compile: bool) -> Learner:
     model = make_model(cfg, OBS, ACT, CRITIC if cfg.critic_obs else 0, BOUNDS)
     # rounds of B samples (one actor's 2 envs x B/2 steps), as batch_for makes them
     cfg = dataclasses.replace(
-        cfg, update_epochs=3, num_minibatches=MINIBATCHES, envs_per_actor=2, rollout_length=B // 2
+        cfg, update_epochs=3, num_minibatches=MINIBATCHES, num_envs=2, envs_per_actor=2, rollout_length=B // 2
     )
     learner = Learner(cfg, model, torch.device("cpu"))
     if compile:  # for the mini-batches a run compiles for (the trainer's minibatch_rows: samples, or a GRU's chunks)
-        assert learner.compile(minibatch_rows(cfg, 1)) is None
+        assert learner.compile(minibatch_rows(cfg)) is None
     return learner
 
 

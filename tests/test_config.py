@@ -201,8 +201,13 @@ def exit_line(argv, capsys) -> str:
         (["--num-minibatches", "3"], "num_minibatches=3: must divide the 2048 samples a learner collects per round"),
         (
             ["--actors-per-gpu", "1", "--envs-per-actor", "3", "--rollout-length", "5", "--num-minibatches", "2"],
-            "(actors_per_gpu 1 * envs_per_actor 3 * rollout_length 5)",
+            "(num_envs 3 * rollout_length 5)",
         ),
+        (["--actors-per-gpu", "3"], "actors_per_gpu=3: must divide num_envs 16 (the envs of a learner's round)"),
+        (["--envs-per-actor", "5"], "envs_per_actor=5: must divide num_envs 16"),
+        (["--actors-per-gpu", "some"], "actors_per_gpu='some': must be an integer or auto"),
+        (["--num-envs", "0"], "num_envs=0: must be a positive integer"),
+        (["--num-envs", "8", "--actors-per-gpu", "2", "--envs-per-actor", "8"], "num_envs=8 must equal"),
         (
             ["--num-actors", "8", "--num-gpus", "2", "--actors-per-gpu", "3"],
             "num_actors=8 must equal num_gpus * actors_per_gpu",

@@ -55,10 +55,25 @@ def test_a_flag_still_overrides_a_preset_value(spelling):
 
 
 def test_a_num_actors_flag_overrides_the_presets_actors_per_gpu():
-    cfg = parse_config(["--env-id", "Hopper-v5", "--num-actors", "3"])  # hopper.yaml says actors_per_gpu: 2
-    assert (cfg.num_actors, cfg.actors_per_gpu, cfg.rollout_length) == (3, None, 1024)
-    both = parse_config(["--env-id", "Hopper-v5", "--num-actors", "4", "--actors-per-gpu", "4"])
+    cfg = parse_config(["--env-id", "Ant-v5", "--num-actors", "4"])  # ant.yaml says actors_per_gpu: auto
+    assert (cfg.num_actors, cfg.actors_per_gpu, cfg.num_envs) == (4, "auto", 64)
+    both = parse_config(["--env-id", "Ant-v5", "--num-actors", "4", "--actors-per-gpu", "4"])
     assert (both.num_actors, both.actors_per_gpu) == (4, 4)
+
+
+@pytest.mark.parametrize(
+    "flags, split",
+    [
+        ([], ("auto", 64, None)),  # the preset's round; the cores decide the actors
+        (["--envs-per-actor", "16"], ("auto", 64, 16)),  # the round kept: 4 actors
+        (["--actors-per-gpu", "1"], (1, 64, None)),  # the round kept: 1 actor of 64 envs
+        (["--actors-per-gpu", "2", "--envs-per-actor", "4"], (2, None, 4)),  # both numbers: a round of 8 envs
+        (["--num-envs", "8"], ("auto", 8, None)),
+    ],
+)
+def test_split_flags_replace_the_presets_round_only_where_they_contradict_it(flags, split):
+    cfg = parse_config(["--env-id", "Ant-v5", *flags])
+    assert (cfg.actors_per_gpu, cfg.num_envs, cfg.envs_per_actor) == split
 
 
 def test_config_replaces_the_preset(tmp_path):
@@ -171,7 +186,7 @@ def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, restore_signal
     policy = load_yaml_defaults(preset).get("policy", "mlp")
     cfg = parse_config(["--env-id", env_id, "--policy", policy, "--runs-dir", str(tmp_path), "--run-name", "p"])
     assert config_file(cfg.config) == preset and PRESET_DIR == preset.parent  # the env id alone finds it
-    per_round = (cfg.actors_per_gpu or 2) * cfg.envs_per_actor * cfg.rollout_length
+    per_round = cfg.num_envs * cfg.rollout_length
     # round 0 seeds the statistics, then two rounds train, of the preset's shape and mini-batches; one epoch each
     # and no evaluation (its full episodes), to keep 20 presets to seconds each: both have tests of their own. A
     # long actor timeout: on a loaded machine a round of 1024 steps per env can outlast the default's 60 s margin.

@@ -237,14 +237,14 @@ def test_a_preset_loads_and_runs_two_rounds(preset, tmp_path, restore_signal_han
     from ppo_ddp.runner.launch import main
 
     assert parse_config(["--config", str(preset)]).total_timesteps >= 10_000_000
-    # The preset's actors, mini-batches, epochs and network, on rounds of 4 envs x 16 steps per actor (its own 32 x 64
-    # or 128 are what two rounds cost, not what they prove), evaluated over 2 episodes (a random Ant's last 1000 steps
+    # The preset's actors, mini-batches, epochs and network, on rounds of 8 envs x 16 steps (its own 64 x 64 or 128
+    # are what two rounds cost, not what they prove), evaluated over 2 episodes (a random Ant's last 1000 steps
     # each); not compiled (a new shape's compile is ~20 s; the compiled step has its own tests).
-    short = ["--envs-per-actor", "4", "--rollout-length", "16", "--eval-episodes", "2", "--no-compile"]
+    short = ["--num-envs", "8", "--rollout-length", "16", "--eval-episodes", "2", "--no-compile"]
     argv = ["--config", str(preset), *short, "--runs-dir", str(tmp_path / "runs"), "--run-name", "p"]
     cfg = parse_config(argv)
     assert cfg.normalize_value and cfg.adaptive_lr and cfg.eval_interval > 0
-    per_round = (cfg.actors_per_gpu or 2) * cfg.envs_per_actor * cfg.rollout_length
+    per_round = cfg.num_envs * cfg.rollout_length
     argv += ["--total-timesteps", str(3 * per_round)]  # round 0 seeds the statistics, then two rounds train
     main(parse_config(argv), ["train.py", *argv])
     rows = read_csv(tmp_path / "runs" / "p" / "metrics.csv")

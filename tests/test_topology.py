@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from ppo_ddp.configuration.topology import (
-    DEFAULT_ACTORS_PER_GPU,
+    DEFAULT_NUM_ENVS,
     Launch,
     TrainingTopology,
+    actors_for,
     cgroup_cpu_quota,
     resolve_rank_device,
     resolve_training_topology,
@@ -19,13 +20,19 @@ from ppo_ddp.configuration.topology import (
 
 
 def topo(
-    num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False, launch=Launch()
+    num_actors=None, num_gpus=1, actors_per_gpu="auto", available_gpus=1, mps_available=False, launch=Launch(), **split
 ) -> TrainingTopology:
-    return resolve_training_topology(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available, launch)
+    """The topology on a node of 2 usable cores, of learners with rounds of 240 envs (which every count of actors
+    these tests name divides), unless `cores` and `num_envs` say otherwise."""
+    split.setdefault("cores", (2, "affinity"))
+    split.setdefault("num_envs", 240)
+    return resolve_training_topology(
+        num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available, launch, **split
+    )
 
 
 def own_launch(
-    num_actors=None, num_gpus=1, actors_per_gpu=None, available_gpus=1, mps_available=False
+    num_actors=None, num_gpus=1, actors_per_gpu="auto", available_gpus=1, mps_available=False
 ) -> TrainingTopology:
     """What every worker of our own launch decides: the launcher's decision handed down, on the same devices."""
     chosen = topo(num_actors, num_gpus, actors_per_gpu, available_gpus, mps_available)
@@ -57,8 +64,10 @@ def test_actors_per_gpu_alone_needs_no_total():
     assert topo(num_gpus=2, actors_per_gpu=5, available_gpus=2) == TrainingTopology(2, 5, "cuda")
 
 
-def test_neither_count_given_uses_the_default_actors_per_gpu():
-    assert topo(num_gpus=2, available_gpus=2).actors_per_learner == DEFAULT_ACTORS_PER_GPU
+def test_neither_count_given_lets_the_cores_decide():
+    # 2 learners share the 2 cores: one actor each, with all 16 envs of its round
+    assert topo(num_gpus=2, available_gpus=2) == TrainingTopology(2, 1, "cuda", cores=1, cores_limit="affinity")
+    assert topo(num_gpus=1, available_gpus=0).actors_per_learner == 2
 
 
 def test_totals_that_disagree_are_an_error_naming_the_product():
@@ -120,11 +129,11 @@ def test_negative_available_gpus_is_an_error():
 @pytest.mark.parametrize(
     "num_actors, num_gpus, actors_per_gpu, available_gpus, expected",
     [
-        (12, 4, None, 2, TrainingTopology(2, 3, "cuda")),  # was 6 actors per learner: recomputed from 2 learners
+        (12, 4, "auto", 2, TrainingTopology(2, 3, "cuda")),  # was 6 actors per learner: recomputed from 2 learners
         (12, 4, 3, 2, TrainingTopology(2, 3, "cuda")),  # was a refusal: 12 != 2 * 3
-        (8, 4, None, 3, TrainingTopology(3, 2, "cuda")),  # was a refusal: 8 does not split over 3
+        (8, 4, "auto", 3, TrainingTopology(3, 2, "cuda")),  # was a refusal: 8 does not split over 3
         (8, 4, 2, 4, TrainingTopology(4, 2, "cuda")),
-        (1, 1, None, 1, TrainingTopology(1, 1, "cuda")),  # the legacy single-actor config
+        (1, 1, "auto", 1, TrainingTopology(1, 1, "cuda")),  # the legacy single-actor config
     ],
 )
 def test_our_own_launch_keeps_the_actors_decided_before_it(
@@ -150,7 +159,10 @@ def test_under_a_users_torchrun_the_world_size_stands_for_num_gpus():
 def test_a_users_torchrun_with_fewer_visible_gpus_than_ranks_is_refused():
     with pytest.raises(ValueError, match=r"4 processes on this node but only 2 CUDA device\(s\)"):
         topo(launch=Launch(4, 4), available_gpus=2)
-    assert topo(launch=Launch(8, 4), available_gpus=4) == TrainingTopology(8, DEFAULT_ACTORS_PER_GPU, "cuda")  # 2 nodes
+    # 2 nodes of 4 ranks on 64 cores: each rank's share is 16 cores, 16 actors of one env each
+    assert topo(launch=Launch(8, 4), available_gpus=4, cores=(64, "affinity")) == TrainingTopology(
+        8, 16, "cuda", cores=16, cores_limit="affinity"
+    )
 
 
 # ---- resolve_rank_device (torchrun) ----------------------------------------------------------------------
@@ -251,3 +263,65 @@ def test_no_quota_leaves_the_affinity(tmp_path, monkeypatch):
         with_affinity(monkeypatch, 8)
         assert cgroup_cpu_quota(fs, proc_file) is None and usable_cores(fs, proc_file) == (8, "affinity")
     assert cgroup_cpu_quota(tmp_path / "none", tmp_path / "no_such_file") is None
+
+
+# ---- actors_per_gpu "auto" ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "num_envs, cores, actors",
+    [(16, 2, 2), (16, 1, 1), (16, 16, 16), (16, 64, 16), (16, 12, 8), (16, 3, 2), (2, 16, 2), (64, 6, 4), (7, 4, 1)],
+)
+def test_auto_takes_the_most_actors_that_split_the_envs_evenly_within_the_cores(num_envs, cores, actors):
+    assert actors_for(num_envs, cores) == actors
+
+
+def test_auto_shares_the_cores_among_the_learners_of_the_node():
+    assert topo(launch=Launch(2, 2), available_gpus=0, cores=(8, "affinity")) == TrainingTopology(
+        2, 4, "cpu", cores=4, cores_limit="affinity"
+    )
+    assert (
+        topo(launch=Launch(4, 4), available_gpus=0, cores=(2, "CPU quota")).actors_per_learner == 1
+    )  # 0 cores each: 1
+
+
+def test_auto_keeps_the_round_and_a_given_envs_per_actor_fixes_the_actors():
+    t = topo(num_envs=64, cores=(16, "affinity"), available_gpus=0)
+    assert (t.actors_per_learner, t.cores) == (16, 16)
+    t = topo(num_envs=64, envs_per_actor=16, cores=(16, "affinity"), available_gpus=0)
+    assert (t.actors_per_learner, t.cores) == (4, None)  # the config named the split
+    assert topo(actors_per_gpu=4, num_envs=64, available_gpus=0).actors_per_learner == 4
+
+
+@pytest.mark.parametrize(
+    "split, match",
+    [
+        (dict(actors_per_gpu=3, num_envs=None), f"actors_per_gpu=3: must divide num_envs {DEFAULT_NUM_ENVS}"),
+        (dict(envs_per_actor=5, num_envs=32), "envs_per_actor=5: must divide num_envs 32"),
+        (
+            dict(actors_per_gpu=2, envs_per_actor=4, num_envs=16),
+            r"num_envs=16 must equal actors_per_gpu \* envs_per_actor = 2 \* 4",
+        ),
+        (dict(actors_per_gpu="many"), "actors_per_gpu='many': must be a positive integer or auto"),
+    ],
+)
+def test_a_split_that_does_not_fit_the_round_is_an_error_naming_the_field(split, match):
+    with pytest.raises(ValueError, match=match):
+        topo(available_gpus=0, **split)
+
+
+def test_the_start_line_says_what_auto_chose_and_from_what():
+    assert topo(available_gpus=0, num_envs=16).describe(8) == "2 cores usable (affinity): 2 actors x 8 envs"
+    assert topo(actors_per_gpu=1, available_gpus=0).describe(16) == "1 actor x 16 envs"
+    t = topo(launch=Launch(2, 2), available_gpus=0, cores=(2, "CPU quota"))
+    assert t.describe(16) == "1 cores usable per learner (CPU quota): 1 actor x 16 envs"
+
+
+def test_auto_follows_the_smaller_of_a_faked_affinity_and_a_faked_quota(tmp_path, monkeypatch):
+    fs, proc_file = fake_cgroups(tmp_path, "0::/job", {"job/cpu.max": "200000 100000"})  # a 2-CPU quota
+    with_affinity(monkeypatch, 64)
+    t = resolve_training_topology(None, 1, "auto", 0, num_envs=16, cores=usable_cores(fs, proc_file))
+    assert (t.actors_per_learner, t.cores, t.cores_limit) == (2, 2, "CPU quota")
+    with_affinity(monkeypatch, 1)  # taskset -c 0 under the same quota
+    t = resolve_training_topology(None, 1, "auto", 0, num_envs=16, cores=usable_cores(fs, proc_file))
+    assert (t.actors_per_learner, t.cores, t.cores_limit) == (1, 1, "affinity")

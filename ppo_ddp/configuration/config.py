@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from ppo_ddp.configuration.flags import JSON_OBJECT, said
 from ppo_ddp.envs.options import plain
@@ -39,16 +39,23 @@ class Config:
     """Learners (one per GPU) of `python train.py`: fewer if fewer GPUs are seen, one on CPU; torchrun: its world."""
     num_actors: Optional[int] = None
     """Actor processes over all learners; must equal num_gpus * actors_per_gpu when both are given."""
-    actors_per_gpu: Optional[int] = None
-    """Actor processes per learner (default: num_actors / num_gpus, or 2 when neither is given)."""
-    envs_per_actor: int = 8
-    """Gymnasium envs each actor steps in lockstep (batched policy inference)."""
+    actors_per_gpu: Union[int, Literal["auto"]] = "auto"
+    """Actor processes per learner. "auto": from the cores this process may use (its CPU affinity, a container's
+    CPU quota) shared among the node's learners, the most that split num_envs evenly (2 x 8 on 2 cores, 16 x 1 on
+    16); num_actors / num_gpus where num_actors is given. The split never changes the run (docs/design.md,
+    "Splits")."""
+    num_envs: Optional[int] = None
+    """Envs each learner steps per round, spread evenly over its actors (a round is world_size * num_envs *
+    rollout_length env steps). None: actors_per_gpu * envs_per_actor where both are numbers, else 16."""
+    envs_per_actor: Optional[int] = None
+    """Gymnasium envs each actor steps in lockstep (batched policy inference). None: num_envs / actors; a number
+    with actors_per_gpu "auto" fixes the actors at num_envs / envs_per_actor."""
     batch_envs: bool = True
     """Step an actor's HalfCheetah, Hopper, Walker2d or Swimmer (v5) envs together with MuJoCo's batch stepping
     and numpy, bit-identical to gymnasium's env.step and ~a quarter cheaper (ppo_ddp/envs/group.py). Other envs are
     always stepped by gymnasium; False steps these ones by gymnasium too."""
     rollout_length: int = 128
-    """Steps per env per round; a round is world_size * actors_per_gpu * envs_per_actor * rollout_length env steps."""
+    """Steps per env per round; a round is world_size * num_envs * rollout_length env steps."""
     sync_mode: Literal["params", "gradients"] = "params"
     """How the learners stay in step. "params": each trains on its own rollout and their parameters are averaged
     every param_sync_interval rounds. "gradients": the flat gradient is averaged over ranks at every mini-batch
@@ -96,7 +103,7 @@ class Config:
     update_epochs: int = 10
     """Passes over each round's data."""
     num_minibatches: int = 32
-    """Mini-batches per epoch on each learner; must divide actors_per_gpu * envs_per_actor * rollout_length."""
+    """Mini-batches per epoch on each learner; must divide num_envs * rollout_length."""
     norm_adv: bool = True
     """Normalise advantages with the mean/std over all ranks' data of the round (with recompute_advantages: over
     this rank's data, at each epoch)."""
@@ -236,10 +243,16 @@ def coerce(name: str, annotation: Any, value: Any) -> Any:
     int → float)."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
-    if origin is typing.Union:  # Optional[X]
-        if value is None:
+    if origin is typing.Union:  # Optional[X], or a number or a word (actors_per_gpu: int or "auto")
+        if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        for choice in inner[1:]:
+            if typing.get_origin(choice) is Literal and value in typing.get_args(choice):
+                return value
+        if len(inner) > 1 and not (isinstance(value, int) and not isinstance(value, bool)):
+            words = ", ".join(str(w) for c in inner[1:] for w in typing.get_args(c))
+            raise invalid(name, value, f"must be an integer or {words}")
         return coerce(name, inner[0], value)
     if origin is Literal:
         if value not in args:
@@ -286,4 +299,6 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     """Inverse of config_to_dict; keys this version does not know are ignored (older/newer checkpoints)."""
     known = set(field_names())
     hints = typing.get_type_hints(Config)
+    if "actors_per_gpu" in values and values["actors_per_gpu"] is None:  # the default before issue 72's "auto"
+        values = {**values, "actors_per_gpu": "auto"}
     return Config(**{k: coerce(k, hints[k], v) for k, v in values.items() if k in known})

@@ -97,7 +97,11 @@ def expected(hint: Any) -> str:
     """What a field of this type takes on the command line: "an integer", "a number or None", ..."""
     args = typing.get_args(hint)
     if typing.get_origin(hint) is typing.Union:
-        return expected(next(a for a in args if a is not type(None))) + " or None"
+        return " or ".join(expected(a) for a in args)
+    if typing.get_origin(hint) is Literal:
+        return " or ".join(map(str, args))
+    if hint is type(None):
+        return "None"
     if typing.get_origin(hint) is tuple:
         return f"one or more {'integers' if args[0] is int else 'strings'}"
     if typing.get_origin(hint) is dict:

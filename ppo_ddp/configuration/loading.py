@@ -14,7 +14,7 @@ import dataclasses
 import os
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,6 +24,10 @@ from ppo_ddp.configuration.presets import config_file, flag_value, implied_prese
 from ppo_ddp.configuration.validation import validate
 from ppo_ddp.envs.options import resolve_env_kwargs
 from ppo_ddp.errors import ConfigError
+
+SPLIT_FIELDS = ("num_actors", "actors_per_gpu", "num_envs", "envs_per_actor")
+"""The fields that split a learner's round over actors: named over a file, they replace its numbers that they
+contradict (file_defaults)."""
 
 
 def read_yaml(path: str | Path, label: str) -> Any:
@@ -57,19 +61,31 @@ def load_yaml_defaults(path: str | Path) -> dict[str, Any]:
     return values
 
 
-def file_defaults(config: Optional[str], num_actors_given: bool = False, actors_per_gpu_given: bool = False) -> dict:
+def file_defaults(config: Optional[str], given: Collection[str] = ()) -> dict:
     """The defaults `--config CONFIG` sets: a preset's name or a YAML file (None: none). ConfigError when it is
-    neither. A num_actors given without actors_per_gpu overrides the file's count per learner with its total."""
+    neither. `given`: the fields named over it, whose numbers of the split replace the file's that they contradict
+    (uncontradicted)."""
     if config is None:
         return {}
     try:
         file = config_file(config)
     except ValueError as e:
         raise ConfigError(f"config={e}") from None
-    values = load_yaml_defaults(file)
-    if num_actors_given and not actors_per_gpu_given:
-        values.pop("actors_per_gpu", None)
-    return values
+    return uncontradicted(load_yaml_defaults(file), given)
+
+
+def uncontradicted(values: dict[str, Any], given: Collection[str]) -> dict[str, Any]:
+    """A file's values less the numbers of its split that the fields `given` over it replace: a num_actors without
+    actors_per_gpu replaces the count per learner, a num_envs the envs_per_actor, and both numbers of a split
+    (actors and envs_per_actor) the num_envs."""
+    drop = set()
+    if "num_actors" in given and "actors_per_gpu" not in given:
+        drop.add("actors_per_gpu")
+    if "num_envs" in given and "envs_per_actor" not in given:
+        drop.add("envs_per_actor")
+    if "envs_per_actor" in given and {"num_actors", "actors_per_gpu"} & set(given) and "num_envs" not in given:
+        drop.add("num_envs")
+    return {k: v for k, v in values.items() if k not in drop}
 
 
 def with_resolved_env_kwargs(cfg: Config) -> Config:
@@ -93,7 +109,7 @@ def load_config(config: Optional[str] = None, **fields: Any) -> Config:
     if unknown:
         raise ConfigError(f"{unknown[0]}: not a Config field (allowed: {', '.join(known)})")
     config = config or implied_preset(fields.get("env_id", Config.env_id), fields.get("policy", "mlp"))
-    values = file_defaults(config, "num_actors" in fields, "actors_per_gpu" in fields)
+    values = file_defaults(config, fields)
     hints = typing.get_type_hints(Config)
     values.update({k: coerce(k, hints[k], v) for k, v in fields.items()})
     cfg = with_resolved_env_kwargs(Config(**values, config=config))
@@ -113,8 +129,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, check_env: bool = True) -
             raise ConfigError(str(e)) from None
         # no --config: the env's preset, if it has one
         path = path or implied_preset(flag_value(rest, "env-id") or Config.env_id, flag_value(rest, "policy") or "mlp")
-        values = file_defaults(path, num_actors_given=bool(flag_value(rest, "num-actors")),
-                               actors_per_gpu_given=bool(flag_value(rest, "actors-per-gpu")))  # fmt: skip
+        values = file_defaults(path, [name for name in SPLIT_FIELDS if flag_value(rest, name.replace("_", "-"))])
         default = Config(**values, config=path)
         cfg = parse_flags(Config, rest, default, prog, ConfigError)  # tyro: prose help, a rejection as one line
         if path:  # tyro no longer sees --config; keep where the defaults came from (the start line names it)

@@ -4,7 +4,10 @@ The rules:
 - the legacy single-machine config num_actors=1, num_gpus=1 starts exactly one actor;
 - with several GPUs, num_actors must equal num_gpus * actors_per_gpu;
 - fewer GPUs than asked → fewer learners, the same actors per learner;
-- no GPU → one CPU learner (MPS where present).
+- no GPU → one CPU learner (MPS where present);
+- actors_per_gpu "auto" (every preset's): the cores this process may use (usable_cores: its affinity, a container's
+  CPU quota), shared among the node's learners, decide the actors: the most that split the learner's round of
+  num_envs envs evenly (a round does not depend on its split: ppo_ddp/sampling/split.py).
 Under torchrun the world size is given instead (by the user, or by our own launch together with the actors it
 decided), and each rank needs a device of its own.
 """
@@ -15,11 +18,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 Device = Literal["cuda", "mps", "cpu"]
 
-DEFAULT_ACTORS_PER_GPU = 2
+DEFAULT_NUM_ENVS = 16
+"""A learner's envs per round where the config names neither num_envs nor both numbers of a split (2 x 8, the
+shape every figure of the 2-core machines was measured with)."""
 
 
 @dataclass(frozen=True)
@@ -30,20 +35,39 @@ class TrainingTopology:
     """Actor processes each learner owns."""
     device: Device
     """Device type of every learner."""
+    cores: Optional[int] = None
+    """The cores per learner that decided actors_per_gpu "auto"; None where the config named the actors."""
+    cores_limit: str = ""
+    """What bounded those cores: "affinity" or "CPU quota" (usable_cores)."""
 
     @property
     def num_actors(self) -> int:
         return self.num_learners * self.actors_per_learner
 
+    def describe(self, envs_per_actor: int) -> str:
+        """The split as the start line says it: "2 cores usable (affinity): 2 actors x 8 envs"."""
+        actors = self.actors_per_learner
+        split = f"{actors} actor{'s' * (actors != 1)} x {envs_per_actor} env{'s' * (envs_per_actor != 1)}"
+        if self.cores is None:
+            return split
+        per = " per learner" if self.num_learners > 1 else ""
+        return f"{self.cores} cores usable{per} ({self.cores_limit}): {split}"
 
-def resolve_actors_per_learner(num_actors: Optional[int], num_gpus: int, actors_per_gpu: Optional[int]) -> int:
-    """Actors per learner from the requested totals; ValueError when they do not fit together."""
-    for name, value in (("num_actors", num_actors), ("num_gpus", num_gpus), ("actors_per_gpu", actors_per_gpu)):
+
+def resolve_actors_per_learner(
+    num_actors: Optional[int], num_gpus: int, actors_per_gpu: Union[int, str]
+) -> Optional[int]:
+    """Actors per learner as the config names them; None for "auto" without num_actors (the cores decide);
+    ValueError when the numbers do not fit together."""
+    for name, value in (("num_actors", num_actors), ("num_gpus", num_gpus)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ValueError(f"{name}={value!r}: must be a positive integer")
-    if actors_per_gpu is None:
+    if actors_per_gpu != "auto" and (not isinstance(actors_per_gpu, int) or isinstance(actors_per_gpu, bool)
+                                     or actors_per_gpu <= 0):  # fmt: skip
+        raise ValueError(f"actors_per_gpu={actors_per_gpu!r}: must be a positive integer or auto")
+    if actors_per_gpu == "auto":
         if num_actors is None:
-            return DEFAULT_ACTORS_PER_GPU
+            return None
         if num_actors % num_gpus != 0:
             raise ValueError(
                 f"num_actors={num_actors} does not split evenly over num_gpus={num_gpus}: "
@@ -55,7 +79,32 @@ def resolve_actors_per_learner(num_actors: Optional[int], num_gpus: int, actors_
             f"num_actors={num_actors} must equal num_gpus * actors_per_gpu = {num_gpus} * {actors_per_gpu} "
             f"= {num_gpus * actors_per_gpu}; drop num_actors or fix one of the three"
         )
-    return actors_per_gpu
+    return actors_per_gpu  # type: ignore[return-value]
+
+
+def round_envs(num_envs: Optional[int], envs_per_actor: Optional[int], actors: Optional[int]) -> int:
+    """The envs of a learner's round: num_envs, else actors * envs_per_actor where both are numbers, else
+    DEFAULT_NUM_ENVS. ValueError naming the field when a number of the split does not fit the round."""
+    if num_envs is None:
+        num_envs = actors * envs_per_actor if actors is not None and envs_per_actor is not None else DEFAULT_NUM_ENVS
+    elif actors is not None and envs_per_actor is not None and actors * envs_per_actor != num_envs:
+        raise ValueError(
+            f"num_envs={num_envs} must equal actors_per_gpu * envs_per_actor = {actors} * {envs_per_actor}: "
+            "give two of the three"
+        )
+    for name, part in (("envs_per_actor", envs_per_actor), ("actors_per_gpu", actors)):
+        if part is not None and num_envs % part != 0:
+            raise ValueError(f"{name}={part}: must divide num_envs {num_envs} (the envs of a learner's round)")
+    return num_envs
+
+
+def actors_for(num_envs: int, cores: int) -> int:
+    """actors_per_gpu "auto": as many actors as the cores keep busy, each with the same number of envs (the
+    shared buffers hold one [rollout_length, envs_per_actor] block per actor), never more than the envs: the largest
+    divisor of num_envs that is at most cores. A round ends with its slowest actor, so an uneven split would gain
+    nothing over the even one below it unless cores fall between two divisors (16 envs on 3 cores: 2 actors of 8,
+    where 3 actors of 6, 5 and 5 would finish in 6 steps' time instead of 8)."""
+    return max(d for d in range(1, min(num_envs, max(1, cores)) + 1) if num_envs % d == 0)
 
 
 @dataclass(frozen=True)
@@ -74,10 +123,13 @@ class Launch:
 def resolve_training_topology(
     num_actors: Optional[int],
     num_gpus: int,
-    actors_per_gpu: Optional[int],
+    actors_per_gpu: Union[int, str],
     available_gpus: int,
     mps_available: bool = False,
     launch: Launch = Launch(),
+    num_envs: Optional[int] = None,
+    envs_per_actor: Optional[int] = None,
+    cores: Optional[tuple[int, str]] = None,
 ) -> TrainingTopology:
     """The learners, the actors of each and their device: the one decision, made before any learner starts.
 
@@ -87,23 +139,27 @@ def resolve_training_topology(
       the granted world size would cram a 4-GPU config's actors onto the 2 GPUs present);
     - a user's torchrun: the world size is the number of learners asked for (it stands for num_gpus), and a
       node must see a GPU for each of its ranks when it sees any.
+    actors_per_gpu "auto": num_envs / envs_per_actor where envs_per_actor is given, else actors_for the cores
+    (usable_cores(), or `cores` as (count, limit)) shared among the learners of this node.
     """
     if available_gpus < 0:
         raise ValueError(f"available_gpus={available_gpus}: must be >= 0")
-    if launch.world_size is None:
-        actors = resolve_actors_per_learner(num_actors, num_gpus, actors_per_gpu)
-        if available_gpus == 0:
-            return TrainingTopology(1, actors, "mps" if mps_available else "cpu")
-        return TrainingTopology(min(num_gpus, available_gpus), actors, "cuda")
-    if launch.world_size <= 0:
+    if launch.world_size is not None and launch.world_size <= 0:
         raise ValueError(f"WORLD_SIZE={launch.world_size}: must be a positive integer")
-    if launch.granted_actors is not None:
-        actors = launch.granted_actors
+    if launch.world_size is None:
+        learners, local = (1, 1) if available_gpus == 0 else (min(num_gpus, available_gpus),) * 2
+        device = "cuda" if available_gpus else "mps" if mps_available else "cpu"
+        named = resolve_actors_per_learner(num_actors, num_gpus, actors_per_gpu)
     else:
-        actors = resolve_actors_per_learner(num_actors, launch.world_size, actors_per_gpu)
-    local = launch.local_world_size or launch.world_size
-    device = resolve_rank_device(launch.world_size, 0, local, available_gpus, mps_available).split(":")[0]
-    return TrainingTopology(launch.world_size, actors, device)  # type: ignore[arg-type]
+        learners, local = launch.world_size, launch.local_world_size or launch.world_size
+        device = resolve_rank_device(launch.world_size, 0, local, available_gpus, mps_available).split(":")[0]
+        named = launch.granted_actors or resolve_actors_per_learner(num_actors, launch.world_size, actors_per_gpu)
+    envs = round_envs(num_envs, envs_per_actor, named)
+    if named is not None or envs_per_actor is not None:
+        return TrainingTopology(learners, named or envs // envs_per_actor, device)  # type: ignore[arg-type,operator]
+    count, limit = cores or usable_cores()
+    per_learner = max(1, count // local)
+    return TrainingTopology(learners, actors_for(envs, per_learner), device, per_learner, limit)  # type: ignore[arg-type]
 
 
 def resolve_rank_device(

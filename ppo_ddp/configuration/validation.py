@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Optional
 
 from ppo_ddp.configuration.config import Config, invalid
-from ppo_ddp.configuration.topology import resolve_actors_per_learner
+from ppo_ddp.configuration.topology import resolve_actors_per_learner, round_envs
 from ppo_ddp.envs.make import bounds_problem, critic_obs_problem, env_problems
 from ppo_ddp.envs.options import is_plain
 from ppo_ddp.errors import ConfigError
 
 COUNT_FIELDS = tuple(
-    "total_timesteps num_gpus num_actors actors_per_gpu envs_per_actor rollout_length param_sync_interval "
+    "total_timesteps num_gpus num_actors num_envs envs_per_actor rollout_length param_sync_interval "
     "update_epochs num_minibatches save_interval learner_threads eval_episodes rnn_hidden_size seq_length".split()
 )
 POSITIVE_FLOAT_FIELDS = tuple(
@@ -79,11 +79,7 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise invalid("resume", cfg.resume, "needs --run-name: the run whose latest checkpoint to continue")
     if cfg.run_name is not None and (not cfg.run_name.strip() or "/" in cfg.run_name or cfg.run_name in (".", "..")):
         raise invalid("run_name", cfg.run_name, "must be a folder name (not empty, no '/')")
-    try:
-        actors = resolve_actors_per_learner(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    check_round_split(cfg, actors)  # the trainer checks it again for the actors its topology decides
+    check_round_split(cfg)  # whatever the split: the round's envs are the config's, not the machine's
     if not isinstance(cfg.env_kwargs, dict) or not is_plain(cfg.env_kwargs):  # what config.yaml can hold
         raise invalid("env_kwargs", cfg.env_kwargs, "must map names to numbers, strings, booleans, lists or mappings")
     if check_env:
@@ -98,16 +94,25 @@ def validate(cfg: Config, check_env: bool = True) -> None:
             raise invalid("distribution", cfg.distribution, f"{cfg.env_id}: {problem}")
 
 
-def minibatch_rows(cfg: Config, actors: int) -> int:
-    """Rows of a learner's mini-batch with `actors` actors: samples, or chunks of seq_length steps (policy "gru")."""
-    rows = actors * cfg.envs_per_actor * cfg.rollout_length // (cfg.seq_length if cfg.policy == "gru" else 1)
+def envs_per_learner(cfg: Config) -> int:
+    """The envs of a learner's round (topology.round_envs); ConfigError naming the field that does not fit."""
+    try:
+        return round_envs(cfg.num_envs, cfg.envs_per_actor,
+                          resolve_actors_per_learner(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu))  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def minibatch_rows(cfg: Config) -> int:
+    """Rows of a learner's mini-batch: samples, or chunks of seq_length steps (policy "gru")."""
+    rows = envs_per_learner(cfg) * cfg.rollout_length // (cfg.seq_length if cfg.policy == "gru" else 1)
     return rows // cfg.num_minibatches
 
 
-def check_round_split(cfg: Config, actors: int) -> None:
-    """A learner's round of `actors` actors must split into the mini-batches; ConfigError naming the field if not."""
-    rows, what = actors * cfg.envs_per_actor * cfg.rollout_length, "samples"
-    shape = f"actors_per_gpu {actors} * envs_per_actor {cfg.envs_per_actor} * rollout_length {cfg.rollout_length}"
+def check_round_split(cfg: Config) -> None:
+    """A learner's round must split into the mini-batches; ConfigError naming the field if not."""
+    envs = envs_per_learner(cfg)
+    rows, what, shape = envs * cfg.rollout_length, "samples", f"num_envs {envs} * rollout_length {cfg.rollout_length}"
     if cfg.policy == "gru":
         if cfg.rollout_length % cfg.seq_length != 0:
             raise invalid("seq_length", cfg.seq_length, f"must divide rollout_length {cfg.rollout_length} (policy gru)")

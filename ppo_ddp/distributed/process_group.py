@@ -28,7 +28,6 @@ import torch.distributed.nn.functional  # noqa: F401
 
 from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.topology import Launch, TrainingTopology, resolve_rank_device, resolve_training_topology
-from ppo_ddp.configuration.validation import check_round_split
 from ppo_ddp.errors import ConfigError
 
 OWN_LAUNCH_ENV = "PPO_DDP_ACTORS_PER_LEARNER"
@@ -107,21 +106,21 @@ def launched_by_us() -> bool:
 
 
 def training_topology(cfg: Config) -> TrainingTopology:
-    """This run's learners, actors and device (topology.resolve_training_topology) for the devices this process
-    sees and how it was launched; ConfigError when the config does not fit them."""
+    """This run's learners, actors and device (topology.resolve_training_topology) for the devices and cores this
+    process sees and how it was launched; ConfigError when the config does not fit them."""
     try:
-        topology = resolve_training_topology(
+        return resolve_training_topology(
             cfg.num_actors,
             cfg.num_gpus,
             cfg.actors_per_gpu,
             torch.cuda.device_count(),
             _mps_available(),
             current_launch(),
+            num_envs=cfg.num_envs,
+            envs_per_actor=cfg.envs_per_actor,
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    check_round_split(cfg, topology.actors_per_learner)
-    return topology
 
 
 def setup(single_process_device: Optional[str] = None) -> DistContext:

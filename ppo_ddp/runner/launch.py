@@ -30,7 +30,7 @@ import yaml
 from ppo_ddp.configuration.config import Config, config_to_dict
 from ppo_ddp.configuration.loading import load_config, with_resolved_env_kwargs
 from ppo_ddp.configuration.topology import TrainingTopology
-from ppo_ddp.configuration.validation import validate
+from ppo_ddp.configuration.validation import envs_per_learner, validate
 from ppo_ddp.distributed import process_group as D
 from ppo_ddp.distributed.agreement import BAD_INPUT, RunFailed, Stopped
 from ppo_ddp.distributed.signals import ForcedStop, StopRequests, exit_code, signal_name
@@ -83,6 +83,8 @@ def run(cfg: Config, argv: Optional[list[str]] = None) -> Path:
     with cfg itself, written into the run folder as launch.yaml."""
     # Decided once, before any learner starts; our own launch hands its decision to every worker.
     topology = D.training_topology(cfg)
+    if D.under_torchrun() or topology.num_learners == 1:  # a learner: the split as numbers, as config.yaml records
+        cfg = split_config(cfg, topology)
     device = None
     if not D.under_torchrun():
         if topology.num_learners > 1:
@@ -94,7 +96,7 @@ def run(cfg: Config, argv: Optional[list[str]] = None) -> Path:
     # Installed once the process group is up: a signal while it forms (which can wait on other nodes)
     # ends the learner as usual, with nothing to save; from then on it is a stop at the next round.
     with D.process_group(device) as ctx, StopRequests(announce=D.is_local_main()) as stop:
-        trainer = Trainer(cfg, ctx, stop, topology.actors_per_learner)
+        trainer = Trainer(cfg, ctx, stop, topology)
         try:
             trainer.train()
         except Stopped as e:
@@ -102,6 +104,19 @@ def run(cfg: Config, argv: Optional[list[str]] = None) -> Path:
                 print(stop_message(e, api=argv is None), flush=True)
             raise
     return trainer.checkpointer.latest
+
+
+def learner_config(cfg: Config) -> Config:
+    """cfg as a learner started here would run it: its split decided for this process's devices and cores (for the
+    scripts that build an actor pool of their own)."""
+    return split_config(cfg, D.training_topology(cfg))
+
+
+def split_config(cfg: Config, topology: TrainingTopology) -> Config:
+    """cfg with the split its topology decided as numbers (actors_per_gpu, envs_per_actor, num_envs): what every
+    part of the learner reads, and what config.yaml records."""
+    envs, actors = envs_per_learner(cfg), topology.actors_per_learner
+    return dataclasses.replace(cfg, actors_per_gpu=actors, envs_per_actor=envs // actors, num_envs=envs)
 
 
 def launch_command(cfg: Config) -> list[str]:

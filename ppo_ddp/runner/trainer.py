@@ -34,7 +34,7 @@ from ppo_ddp.algorithm import compiled
 from ppo_ddp.algorithm.learner import Learner, adapted_learning_rate, annealed_learning_rate, check_finite
 from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.presets import describe
-from ppo_ddp.configuration.topology import cpu_learner_threads
+from ppo_ddp.configuration.topology import TrainingTopology, cpu_learner_threads
 from ppo_ddp.configuration.validation import minibatch_rows
 from ppo_ddp.distributed import collectives as C
 from ppo_ddp.distributed import process_group as D
@@ -58,10 +58,12 @@ from ppo_ddp.storage.shared import BufferSpec
 
 
 class Trainer:
-    """The learner of one rank with `actors` actor processes; `train()` runs the whole run."""
+    """The learner of one rank with the actors its topology decided (cfg holds the split as numbers:
+    launch.split_config); `train()` runs the whole run."""
 
-    def __init__(self, cfg: Config, ctx: D.DistContext, stop: StopRequests, actors: int) -> None:
-        self.cfg, self.ctx, self.stop, self.actors = cfg, ctx, stop, actors
+    def __init__(self, cfg: Config, ctx: D.DistContext, stop: StopRequests, topology: TrainingTopology) -> None:
+        self.cfg, self.ctx, self.stop, self.topology = cfg, ctx, stop, topology
+        self.actors = actors = topology.actors_per_learner
         probe = make_env(cfg.env_id, **cfg.env_kwargs)
         obs_shape = probe.observation_space.shape
         obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(probe.action_space.shape))
@@ -303,7 +305,7 @@ class Trainer:
         cfg = self.cfg
         if not cfg.compile:
             return None
-        return compiled.Background(self.learner.compile, minibatch_rows(cfg, self.actors), self.ctx.device)
+        return compiled.Background(self.learner.compile, minibatch_rows(cfg), self.ctx.device)
 
     def _finish_compile(self, compiling: Optional[compiled.Background]) -> None:
         if compiling is not None:  # rank 0 says how it went on every rank
@@ -317,6 +319,7 @@ class Trainer:
                 "run_name": self.run_name,
                 "world_size": self.ctx.world_size,
                 "actors_per_learner": self.actors,
+                "split": self.topology.describe(self.cfg.envs_per_actor),
                 "steps_per_round": self.steps_per_round,
                 "num_iterations": self.num_iterations,
                 "resumed_from": str(self.resume_path) if self.resume_path else None,
@@ -347,8 +350,7 @@ class Trainer:
             return
         cfg, say = self.cfg, self.logger.message
         where = (
-            f"{self.ctx.world_size} learner(s) on {self.ctx.device.type}, {self.actors} actor(s) x "
-            f"{cfg.envs_per_actor} envs each"
+            f"{self.ctx.world_size} learner(s) on {self.ctx.device.type}, {self.topology.describe(cfg.envs_per_actor)}"
         )
         rounds = f"{self.num_iterations} rounds of {self.steps_per_round} steps"
         source = describe(cfg.env_id, cfg.policy, cfg.config)  # the preset, another config, or the defaults

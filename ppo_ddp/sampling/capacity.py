@@ -67,11 +67,12 @@ def check_round_fits(
     free_shm / available: free bytes of /dev/shm and available memory (None where the system does not say).
     """
     need = round_memory(spec, learners_on_node)
+    envs = spec.num_actors * spec.envs_per_actor
     fields = (
-        f"{learners_on_node} learner(s) x actors_per_gpu {spec.num_actors} x envs_per_actor {spec.envs_per_actor} "
+        f"{learners_on_node} learner(s) x num_envs {envs} ({spec.num_actors} actors x {spec.envs_per_actor} envs) "
         f"x rollout_length {spec.rollout_length}"
     )
-    head = f"envs_per_actor={spec.envs_per_actor}: the round of this node ({fields})"
+    head = f"num_envs={envs}: the round of this node ({fields})"
     if free_shm is not None and need.shared > free_shm:
         raise ConfigError(
             f"{head} needs {need.shared / GIB:.2f} GiB of shared memory for its rollout buffers, "

@@ -33,10 +33,9 @@ from typing import Any, Optional
 import yaml
 
 from ppo_ddp.configuration.config import YAML_EXPONENT_HINT, Config, config_from_dict, field_names
-from ppo_ddp.configuration.loading import load_yaml_defaults, read_yaml
+from ppo_ddp.configuration.loading import load_yaml_defaults, read_yaml, uncontradicted
 from ppo_ddp.configuration.presets import config_file, find_preset
-from ppo_ddp.configuration.topology import resolve_actors_per_learner
-from ppo_ddp.configuration.validation import validate
+from ppo_ddp.configuration.validation import envs_per_learner, validate
 from ppo_ddp.envs.make import env_problem
 from ppo_ddp.envs.options import resolve_env_kwargs
 from ppo_ddp.errors import ConfigError
@@ -117,7 +116,8 @@ class Space:
 
     def trial_values(self, params: dict[str, Any], env_id: str) -> dict[str, Any]:
         """A trial's preset for one env: base, fixed, the trial's parameters, the env, its evaluation interval."""
-        values = {**self.base_values[env_id], **self.fixed, **params, "env_id": env_id}
+        over = {**self.fixed, **params}
+        values = {**uncontradicted(self.base_values[env_id], over), **over, "env_id": env_id}
         values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}  # YAML has lists
         values["eval_interval"] = max(1, round(self.eval_every_steps / round_size(values)))
         order = field_names()
@@ -142,8 +142,7 @@ class Space:
 def round_size(values: dict[str, Any]) -> int:
     """Env steps of one learner's round (a trial runs `python -m ppo_ddp.train`, one learner on a CPU machine)."""
     cfg = config_from_dict(values)
-    actors = resolve_actors_per_learner(cfg.num_actors, cfg.num_gpus, cfg.actors_per_gpu)
-    return actors * cfg.envs_per_actor * cfg.rollout_length
+    return envs_per_learner(cfg) * cfg.rollout_length
 
 
 def env_file_name(env_id: str) -> str:
@@ -194,7 +193,7 @@ def _parse(doc: Any, source: str, check_env: bool, base_values: Optional[dict]) 
     final_evals = doc.get("final_evals", 1)
     if not (_number(final_evals, integer=True) and final_evals > 0):
         raise ConfigError(f"final_evals={final_evals!r}: must be a positive integer")
-    starts = [{**base_values[env_id], **fixed, "env_id": env_id} for env_id in envs]
+    starts = [{**uncontradicted(base_values[env_id], fixed), **fixed, "env_id": env_id} for env_id in envs]
     for start in starts:  # the trials' common part must be a valid config on its own
         validate(config_from_dict({**start, "eval_interval": 1}), check_env=False)
     if not isinstance(doc["params"], dict) or not doc["params"]:
