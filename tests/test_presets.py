@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.loading import load_config, load_yaml_defaults, parse_config
@@ -20,6 +24,7 @@ from ppo_ddp.configuration.presets import (
     preset_names,
     presets,
 )
+from ppo_ddp.configuration.topology import actors_for, usable_cores
 from ppo_ddp.envs.make import is_dm_control, missing_dm_control
 from ppo_ddp.errors import ConfigError
 
@@ -192,9 +197,29 @@ def test_every_preset_loads_and_runs_two_rounds(preset, tmp_path, restore_signal
     # long actor timeout: on a loaded machine a round of 1024 steps per env can outlast the default's 60 s margin.
     short = dict(total_timesteps=3 * per_round, eval_interval=0, update_epochs=1, actor_timeout=600.0, compile=False)
     main(dataclasses.replace(cfg, **short))
-    assert f"{env_id}, preset {cfg.config}: 2 rounds of {per_round} steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{env_id}, preset {cfg.config}: 2 rounds of {per_round} steps" in out
+    cores, limit = usable_cores()  # actors_per_gpu auto: the start line and config.yaml say what it became
+    actors = actors_for(cfg.num_envs, cores)
+    assert f" usable ({limit}): {actors} actor" in out
+    saved = yaml.safe_load((tmp_path / "p" / "config.yaml").read_text())
+    assert saved["split"].startswith(f"{cores} core") and (saved["config"]["actors_per_gpu"], saved["config"][
+        "envs_per_actor"], saved["config"]["num_envs"]) == (actors, cfg.num_envs // actors, cfg.num_envs)  # fmt: skip
+
     with open(tmp_path / "p" / "metrics.csv", newline="") as f:
         assert [int(r["global_step"]) for r in csv.DictReader(f)] == [2 * per_round, 3 * per_round]
+
+
+def test_auto_takes_the_actors_from_the_cores_of_its_affinity(tmp_path, repo_root):
+    # pinned to one core, Walker2d's round of 16 envs is 1 actor's; in a fresh process, as taskset starts it
+    flags = ["--env-id", "Walker2d-v5", "--total-timesteps", "192", "--rollout-length", "4", "--num-minibatches", "1",
+             "--eval-interval", "0", "--no-compile", "--runs-dir", str(tmp_path), "--run-name", "one"]  # fmt: skip
+    proc = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "train.py", *flags],
+                          cwd=repo_root, capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "1 learner(s) on cpu, 1 core usable (affinity): 1 actor x 16 envs" in proc.stdout
+    saved = yaml.safe_load((tmp_path / "one" / "config.yaml").read_text())["config"]
+    assert (saved["actors_per_gpu"], saved["envs_per_actor"], saved["num_envs"]) == (1, 16, 16)
 
 
 def test_a_run_without_a_preset_says_so_on_its_start_line(tmp_path, restore_signal_handlers, capsys):

@@ -314,7 +314,7 @@ def test_the_start_line_says_what_auto_chose_and_from_what():
     assert topo(available_gpus=0, num_envs=16).describe(8) == "2 cores usable (affinity): 2 actors x 8 envs"
     assert topo(actors_per_gpu=1, available_gpus=0).describe(16) == "1 actor x 16 envs"
     t = topo(launch=Launch(2, 2), available_gpus=0, cores=(2, "CPU quota"))
-    assert t.describe(16) == "1 cores usable per learner (CPU quota): 1 actor x 16 envs"
+    assert t.describe(16) == "1 core usable per learner (CPU quota): 1 actor x 16 envs"
 
 
 def test_auto_follows_the_smaller_of_a_faked_affinity_and_a_faked_quota(tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ class TrainingTopology:
         if self.cores is None:
             return split
         per = " per learner" if self.num_learners > 1 else ""
-        return f"{self.cores} cores usable{per} ({self.cores_limit}): {split}"
+        return f"{self.cores} core{'s' * (self.cores != 1)} usable{per} ({self.cores_limit}): {split}"
 
 
 def resolve_actors_per_learner(
