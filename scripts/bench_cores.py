@@ -23,8 +23,12 @@ runs with 2 actors (both on that core): the difference is what one more actor co
   is the longest of the rollout, the update and the round's CPU work over the cores ((f A + w + update) / k).
 
 The rows it predicts at the measured counts are printed beside the measurement (the 1-core rows fit the model, so
-the 2-core row is its test), then the model's table for 1-64 cores. --score-env: per count, ppo_ddp's preset and
-rl_games with its stock EnvPool config (scripts/bench_peers.py's runs and venv), each to the env's score or the cap.
+the 2-core row is its test), then the model's table for 1-64 cores. --learners L: at each count of at least L cores,
+the same round split over L CPU learners (`torchrun`, `--sync-mode gradients`, num_envs / L envs each: the same
+samples and the same mini-batches, so it learns as one learner), against one learner's update. --score-env: per
+count, ppo_ddp's preset and rl_games with its stock EnvPool config (scripts/bench_peers.py's runs and venv), each to
+the env's score or the cap.
+
 Run it alone on the machine: every figure is a wall-clock time.
 """
 
@@ -98,13 +102,19 @@ def pinned(cores: int) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cpus))]
 
 
-def measure(preset: str, flags: list[str], cores: int, warmup: int, rounds: int, steps: int) -> Measured:
-    """The preset (with flags) pinned to `cores` CPUs: its rates over the timed rounds and the split it chose."""
+def measure(
+    preset: str, flags: list[str], cores: int, warmup: int, rounds: int, steps: int, learners: int = 1
+) -> Measured:
+    """The preset (with flags) pinned to `cores` CPUs: its rates over the timed rounds and the split it chose.
+    learners > 1: that many CPU learners (torchrun), each with its share of the round's envs."""
     total = (1 + warmup + rounds) * steps  # round 0 seeds the statistics
     run_flags = ["--config", preset, *flags, "--total-timesteps", str(total), "--save-interval", str(10**6),
                  "--eval-interval", "0"]  # fmt: skip
+    launcher = [*pinned(cores), sys.executable]
+    if learners > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={learners}"]
     with tempfile.TemporaryDirectory(prefix="bench_cores_") as tmp:
-        run = train_runs.train(ROOT, Path(tmp), "run", run_flags, launcher=[*pinned(cores), sys.executable])
+        run = train_runs.train(ROOT, Path(tmp), "run", run_flags, launcher=launcher)
         facts = yaml.safe_load((Path(tmp) / "run" / "config.yaml").read_text())
     timed = train_runs.timing(run.rows, warmup)
     return Measured(
@@ -166,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cores", type=int, nargs="+", default=default, help="core counts (default: 1, 2, 4, ...)")
     parser.add_argument("--warmup-rounds", type=int, default=3, help="rounds after round 0 left out of the timing")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds")
+    parser.add_argument(
+        "--learners", type=int, default=1, help="also the round split over this many CPU learners (gradients sync)"
+    )
     parser.add_argument("--score-env", help="also the time to score on this env, ppo_ddp against rl_games")
     parser.add_argument("--seed", type=int, default=1, help="seed of the time-to-score runs")
     parser.add_argument("--cap-minutes", type=float, default=10.0, help="cap of each time-to-score run")
@@ -195,6 +208,12 @@ def main(argv: list[str] | None = None) -> None:
         for k in sorted(args.cores):
             show(measure(args.config, flags, k, *timing), model, ", overlapped")
     print(model_table(dataclasses.replace(fit, overlap=cfg.overlap)), flush=True)
+    for k in sorted(c for c in args.cores if c >= args.learners > 1):  # the same round, its update split
+        split = [*sync, "--sync-mode", "gradients", "--num-envs", str(envs // args.learners)]
+        row = measure(args.config, split, k, *timing, learners=args.learners)
+        print(f"{k:>3} cores, {args.learners} learners (sync-mode gradients, {envs // args.learners} envs each): "
+              f"{row.sps:,.0f} steps/s, a round {row.rollout:.3f} s rollout + {row.update:.3f} s update, against "
+              f"one learner's {rows[k].sps:,.0f} steps/s, {rows[k].update:.3f} s update", flush=True)  # fmt: skip
     if args.score_env:
         for k in sorted(args.cores):
             time_to_score(args.score_env, k, args.seed, args.cap_minutes * 60)

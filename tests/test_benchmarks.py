@@ -207,6 +207,25 @@ def test_bench_scale_end_to_end_on_a_tiny_budget():
     assert lines[-1].startswith("ratio ") and float(lines[-1].split()[1]) == pytest.approx(rate / limit, abs=rounding)
 
 
+def test_bench_cores_end_to_end_on_a_tiny_budget():
+    # Walker2d's preset (overlapped) on rounds of 4 envs x 16 steps, pinned to one core: sync with auto's split and
+    # with 2 actors (the model's fit), then overlapped; one timed round each. The plumbing, the split auto chose
+    # under taskset, and the model's arithmetic (the 1-core rows fit it), not the speed.
+    cmd = [sys.executable, "scripts/bench_cores.py", "--config", "walker2d", "--cores", "1", "--warmup-rounds", "1"]
+    cmd += ["--rounds", "1", "--flags=--no-compile --num-envs 4 --rollout-length 16"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("# Walker2d-v5, walker2d") and "rounds of 4 envs x 16 steps" in lines[0]
+    sync = next(line for line in lines if line.startswith("  1 cores, sync:"))
+    assert "1 core usable (affinity): 1 actor x 4 envs" in sync and sync.endswith("(1.00)")  # the fit's own row
+    assert any(line.startswith("  1 cores, sync, 2 actors: 2 actors x 2 envs") for line in lines)
+    assert any(line.startswith("  1 cores, overlapped: 1 core usable") for line in lines)
+    table = lines[lines.index("| cores | actors x envs | rollout s | update s | round s | steps/s |") :]
+    assert [row.split(" | ")[1] for row in table[2:]] == ["1 x 4", "2 x 2", "4 x 1", "4 x 1", "4 x 1", "4 x 1", "4 x 1"]
+
+
 def test_profile_pool_end_to_end_on_a_tiny_budget():
     # Every row of the pool's profile on a small Hopper shape (a pool of one actor), a fraction of a second each: the
     # plumbing, and each ratio is its row's rate over the first row's, not the speed.
