@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> None:
         model = dataclasses.replace(fit, overlap=True)
         for k in sorted(args.cores):
             show(measure(args.config, flags, k, *timing), model, ", overlapped")
-    print(model_table(dataclasses.replace(fit, overlap=cfg.overlap)), flush=True)
+    print("sync rounds:\n" + model_table(fit), flush=True)
+    if cfg.overlap:
+        print("overlapped rounds:\n" + model_table(dataclasses.replace(fit, overlap=True)), flush=True)
     for k in sorted(c for c in args.cores if c >= args.learners > 1):  # the same round, its update split
         split = [*sync, "--sync-mode", "gradients", "--num-envs", str(envs // args.learners)]
         row = measure(args.config, split, k, *timing, learners=args.learners)
