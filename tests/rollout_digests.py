@@ -3,9 +3,10 @@
 tests/test_actor_identity.py compares them with tests/data/rollout_digests.json: a faster actor must write the same
 rollouts, field by field and bit for bit. The file was first written by the actor of commit cf789fc (issue 44's
 base), then on an AMD machine by 395e257's; it now holds what issue 72's actor wrote on an Intel Xeon (cpu_vendor,
-cpu_model): its env seeds, action noise and statistics belong to the envs, not the actors (ppo_ddp/sampling/split.py),
-which changed every number by design. To write the file again (only when a change is meant to change the numbers, or on
-another kind of machine, and the commit message says so):
+cpu_model) with torch on one thread, as the actors' processes run: its env seeds, action noise and statistics belong
+to the envs, not the actors (ppo_ddp/sampling/split.py), which changed every number by design. To write the file
+again (only when a change is meant to change the numbers, or on another kind of machine, and the commit message says
+so):
 
     python tests/rollout_digests.py --write
 
@@ -123,6 +124,18 @@ def _digest(*arrays: np.ndarray) -> str:
 
 
 def scenario_digests(name: str, restart_at: Optional[int] = None) -> list[dict[str, str]]:
+    """_scenario_digests with torch on one thread, as an actor's process runs it (ppo_ddp/sampling/process.py): a
+    product's rounding depends on torch's thread count, which an earlier test in the same process may have set (an
+    in-process trainer sets its learner's), and CI's failures at fdf634d were that, not another CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _scenario_digests(name, restart_at)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _scenario_digests(name: str, restart_at: Optional[int] = None) -> list[dict[str, str]]:
     """The digests of each round of one scenario: {field: digest}, the report's parts included. restart_at=k: before
     round k the actor is closed and a new one continues from what the old one carried (Actor.carried), as a resumed
     run's actors do; the digests must not change."""
