@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from ppo_ddp.algorithm.gae import compute_gae
 from ppo_ddp.algorithm.learner import Learner
+from ppo_ddp.algorithm.ppo_step import Minibatch
 from ppo_ddp.configuration.config import Config
 from ppo_ddp.models.mlp import ActorCritic
 from ppo_ddp.models.normalization import tensor_moments
@@ -300,13 +302,36 @@ def test_recomputed_advantages_are_those_of_the_critic_each_epoch_starts_with():
     assert not torch.allclose(without.params, learner.params, atol=1e-5)
 
 
-def test_overlapped_the_updates_kl_is_from_the_weights_it_starts_with():
-    """Overlapped rounds act with weights a round old: the KL that adaptive_lr and target_kl read is the update's own
-    step, not that lag. One mini-batch step from the starting weights has moved nothing when its KL is taken, so
-    approx_kl is ~0 though the stored log-probs are another policy's; clipfrac still counts against those."""
+def test_overlapped_the_clip_and_the_kl_are_from_the_weights_the_update_starts_with():
+    """Overlapped rounds act with weights a round old. The clip is centred on the weights the update starts with,
+    and approx_kl (what adaptive_lr and target_kl read) and clipfrac are that update's own step, not the lag: one
+    mini-batch step from the starting weights has moved nothing when they are taken, though the stored log-probs
+    are another policy's."""
     sync, batch = make(Config(update_epochs=1, num_minibatches=1))
     stale = dataclasses.replace(batch, logp=batch.logp - 0.5)  # as if weights a round older had acted
     assert sync.train_step(stale, local_mean_std)["losses/approx_kl"] > 0.1
     overlapped, _ = make(Config(update_epochs=1, num_minibatches=1, overlap=True))
     m = overlapped.train_step(stale, local_mean_std)
-    assert abs(m["losses/approx_kl"]) < 1e-6 and m["losses/clipfrac"] == 1.0
+    assert abs(m["losses/approx_kl"]) < 1e-6 and m["losses/clipfrac"] == 0.0
+
+
+def test_overlapped_each_sample_is_weighted_by_the_starting_over_the_behaviour_policy():
+    """The lag's correction: each sample's clipped term times pi_start / pi_behaviour. Behaviour log-probs lower by
+    0.5 everywhere give e^0.5 times the policy gradient of the round collected with the starting weights."""
+    learner, batch = make(Config(vf_coef=0.0))
+    fresh = Minibatch(batch.obs, batch.actions, batch.logp, batch.values, -batch.advantages, batch.returns)
+    stale = dataclasses.replace(fresh, old_logp=batch.logp - 0.5, prox_logp=batch.logp)
+    on_policy, _, _ = learner.ppo.gradient(learner.params, fresh)
+    lagged, _, log_ratio = learner.ppo.gradient(learner.params, stale)
+    torch.testing.assert_close(lagged, math.exp(0.5) * on_policy)
+    assert log_ratio.abs().max() == 0.0  # the ratio is to the starting weights
+
+
+def test_overlapped_a_round_the_starting_weights_collected_is_updated_as_in_sync_rounds():
+    """With no lag the weight is exactly 1 and the clip's centre is the behaviour policy: the sync update, bit for
+    bit (the overlapped path adds no rounding of its own)."""
+    cfg = Config(update_epochs=2, num_minibatches=4)
+    sync, batch = make(cfg)
+    overlapped, _ = make(dataclasses.replace(cfg, overlap=True))
+    assert sync.train_step(batch, local_mean_std) == overlapped.train_step(batch, local_mean_std)
+    assert torch.equal(sync.params, overlapped.params)

@@ -115,6 +115,8 @@ class Learner:
             dims.update(hidden=(self.cfg.rnn_hidden_size,), episode_start=steps)
         if model.critic_dim:
             dims["critic_obs"] = (*steps, model.critic_dim)
+        if self.cfg.overlap:
+            dims["prox_logp"] = steps
         return Minibatch(**{name: torch.zeros(rows, *d, device=self.device) for name, d in dims.items()})
 
     def _state(self) -> list[torch.Tensor]:
@@ -155,15 +157,13 @@ class Learner:
             named.update(hidden=batch.hidden, episode_start=batch.episode_start)
         if batch.critic_obs is not None:
             named["critic_obs"] = batch.critic_obs
+        if cfg.overlap:  # the round acted with older weights: the clip is around those the update starts with
+            named["prox_logp"] = self._log_probs(batch)
         names, columns = list(named), list(named.values())
-        fields = len(columns)  # the mini-batch's
-        if cfg.overlap:  # the round acted with older weights: the update's own KL is from those it starts with
-            columns.append(self._log_probs(batch) - batch.logp)
         # contiguous whatever the columns are: the compiled step was traced on contiguous mini-batches
         shuffled = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in columns]
         losses: list[torch.Tensor] = []  # [pg, v, entropy] of each mini-batch
-        log_ratios: list[torch.Tensor] = []  # kept for clipfrac, computed once after the epochs
-        kl_ratios: list[torch.Tensor] = []  # the same from the update's starting weights, for approx_kl
+        log_ratios: list[torch.Tensor] = []  # from the update's starting weights: clipfrac and approx_kl
         epochs_done = 0
         for epoch in range(cfg.update_epochs):
             if epoch > 0 and batch.steps is not None:  # the critic has learned: its advantages of the round, again
@@ -177,16 +177,14 @@ class Learner:
                 )
                 losses.append(step_losses)
                 log_ratios.append(log_ratio)
-                lag = shuffled[-1][start : start + minibatch_size] if len(shuffled) > fields else None
-                kl_ratios.append(log_ratio if lag is None else log_ratio - lag)
             epochs_done += 1
-            if cfg.target_kl is not None and self._epoch_kl(kl_ratios[-cfg.num_minibatches :]) > cfg.target_kl:
+            if cfg.target_kl is not None and self._epoch_kl(log_ratios[-cfg.num_minibatches :]) > cfg.target_kl:
                 break
 
         log_ratio = torch.stack(log_ratios)
         # float64 for the mean of a few hundred values, on the CPU: the learner's device may have none (MPS)
         pg_loss, v_loss, entropy = torch.stack(losses).cpu().double().mean(0).tolist()
-        approx_kl = _approx_kl(torch.stack(kl_ratios)).item()  # what adaptive_lr reads
+        approx_kl = _approx_kl(log_ratio).item()  # what adaptive_lr reads
         clipfrac = ((log_ratio.exp() - 1).abs() > cfg.clip_coef).float().mean().item()
         with torch.no_grad():
             var_returns = batch.returns.var()

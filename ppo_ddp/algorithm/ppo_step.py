@@ -47,6 +47,9 @@ class Minibatch:
     """[C, L], 1.0 where the step starts an episode (policy "gru")."""
     critic_obs: Optional[torch.Tensor] = None
     """[B, Dc] or [C, L, Dc]: the critic's own observations (critic_obs)."""
+    prox_logp: Optional[torch.Tensor] = None
+    """Overlapped rounds: the log-probs under the weights the update started from (the clip's centre); old_logp are
+    then the behaviour policy's, one round older."""
 
 
 class FlatAdam:
@@ -106,10 +109,13 @@ class PPOStep:
         views = [t.view(shape) for shape, t in zip(self.shapes, params.split(self.sizes))]
         new_logp, entropy, new_value, mean = self.model.evaluate_minibatch(mb, views)
         clip_coef, ent_coef, vf_coef = self.coefs[0], self.coefs[1], self.coefs[2]
-        log_ratio = new_logp - mb.old_logp
+        log_ratio = new_logp - (mb.old_logp if mb.prox_logp is None else mb.prox_logp)
         ratio = log_ratio.exp()
         clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
-        pg_loss = torch.max(mb.neg_adv * ratio, mb.neg_adv * clipped_ratio).mean()
+        pg = torch.max(mb.neg_adv * ratio, mb.neg_adv * clipped_ratio)
+        if mb.prox_logp is not None:  # off-policy by one round: each sample weighted by pi_prox / pi_behaviour
+            pg = pg * (mb.prox_logp - mb.old_logp).exp()
+        pg_loss = pg.mean()
         if self.clip_vloss:
             clipped = mb.old_values + (new_value - mb.old_values).clamp(-clip_coef, clip_coef)
             v_loss = 0.5 * torch.max((new_value - mb.returns).pow(2), (clipped - mb.returns).pow(2)).mean()

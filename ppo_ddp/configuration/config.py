@@ -67,8 +67,9 @@ class Config:
     overlap: bool = False
     """Overlapped rounds: the actors collect round k+1 while the learner updates on round k, instead of waiting for
     it. Round k+1 then acts with the weights of round k-1 (one round of policy lag) and the statistics merged after
-    round k, and PPO's ratio is taken against the log-probs the actors stored (the behaviour policy). A round takes
-    about the longer of rollout and update instead of their sum (docs/design.md, "overlapped rounds")."""
+    round k; PPO's clip is centred on the weights the update starts from and each sample weighted by their
+    probability over the behaviour policy's (the decoupled objective). A round takes about the longer of rollout and
+    update instead of their sum (docs/design.md, "overlapped rounds")."""
     mp_start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How actor processes start; both are safe with CUDA and threads (fork is not)."""
     learner_threads: int = 1
