@@ -9,7 +9,7 @@ weights themselves; overlapped, the weights of the round before): a row per roun
 per fifth of the run at the end. Learning results are deterministic per seed, so it may share the machine.
 
 Columns:
-- `std`: the Gaussian's mean standard deviation (exp of actor_logstd; empty for the bounded distributions), and
+- `std`: the Gaussian's mean standard deviation (exp of actor_logstd; nan for the bounded distributions), and
   `entropy`, the policy's entropy on the round, both at the update's start;
 - `lag_kl`: KL(behaviour || start), the k3 estimate over the round's samples (0 in sync rounds);
 - `outside`: the fraction of samples whose ratio start / behaviour already lies outside [1 - clip, 1 + clip], and
@@ -32,7 +32,6 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from ppo_ddp.algorithm import learner as learner_module  # noqa: E402
-from ppo_ddp.algorithm.ppo_step import Minibatch  # noqa: E402
 
 COLUMNS = ["round", "std", "entropy", "lag_kl", "outside", "against", "update_kl", "clipfrac"]
 
@@ -41,9 +40,7 @@ COLUMNS = ["round", "std", "entropy", "lag_kl", "outside", "against", "update_kl
 def lag_row(learner: learner_module.Learner, batch, adv_mean_std: tuple[float, float]) -> dict[str, float]:
     """The round at the learner's current weights (those its update starts from), against the stored log-probs."""
     model, eps = learner.model, learner.cfg.clip_coef
-    mb = Minibatch(batch.obs, batch.actions, batch.logp, batch.values, batch.advantages, batch.returns,
-                   batch.hidden, batch.episode_start, batch.critic_obs)  # fmt: skip
-    logp, entropy, _, _ = model.evaluate_minibatch(mb, list(model.parameters()))
+    logp, entropy, _, _ = model.evaluate_minibatch(learner_module.whole_round(batch), list(model.parameters()))
     log_ratio = logp - batch.logp
     ratio = log_ratio.exp()
     advantages = batch.advantages - adv_mean_std[0]
@@ -52,7 +49,7 @@ def lag_row(learner: learner_module.Learner, batch, adv_mean_std: tuple[float, f
     return {
         "std": model.actor_logstd.exp().mean().item() if gaussian else float("nan"),
         "entropy": entropy.mean().item(),
-        "lag_kl": ((ratio - 1) - log_ratio).mean().item(),
+        "lag_kl": learner_module.approx_kl(log_ratio).item(),
         "outside": ((ratio - 1).abs() > eps).float().mean().item(),
         "against": against.float().mean().item(),
     }

@@ -184,7 +184,7 @@ class Learner:
         log_ratio = torch.stack(log_ratios)
         # float64 for the mean of a few hundred values, on the CPU: the learner's device may have none (MPS)
         pg_loss, v_loss, entropy = torch.stack(losses).cpu().double().mean(0).tolist()
-        approx_kl = _approx_kl(log_ratio).item()  # what adaptive_lr reads
+        kl = approx_kl(log_ratio).item()  # what adaptive_lr reads
         clipfrac = ((log_ratio.exp() - 1).abs() > cfg.clip_coef).float().mean().item()
         with torch.no_grad():
             var_returns = batch.returns.var()
@@ -195,7 +195,7 @@ class Learner:
             "losses/policy_loss": pg_loss,
             "losses/value_loss": v_loss,
             "losses/entropy": entropy,
-            "losses/approx_kl": approx_kl,
+            "losses/approx_kl": kl,
             "losses/clipfrac": clipfrac,
             "losses/explained_variance": explained_var,
             "losses/epochs": float(epochs_done),
@@ -206,9 +206,7 @@ class Learner:
     @torch.no_grad()
     def _log_probs(self, batch: RolloutBatch) -> torch.Tensor:
         """The round's log-probs under the current weights (those the update starts from), shaped as batch.logp."""
-        rows = Minibatch(batch.obs, batch.actions, batch.logp, batch.values, batch.advantages, batch.returns,
-                         batch.hidden, batch.episode_start, batch.critic_obs)  # fmt: skip
-        return self.model.evaluate_minibatch(rows, list(self.model.parameters()))[0]
+        return self.model.evaluate_minibatch(whole_round(batch), list(self.model.parameters()))[0]
 
     def _targets(
         self, batch: RolloutBatch, global_mean_std: GlobalMeanStd, value_stats: Optional[tuple[float, float]]
@@ -240,7 +238,7 @@ class Learner:
     def _epoch_kl(self, log_ratios: list[torch.Tensor]) -> float:
         """The epoch's approximate KL for the early stop; averaged over ranks when they step together, so that
         every rank stops after the same epoch (one that stopped alone would leave the others waiting)."""
-        kl = _approx_kl(torch.stack(log_ratios)).reshape(1)
+        kl = approx_kl(torch.stack(log_ratios)).reshape(1)
         if self.sync_gradients:
             self.rank_mean(kl)
         return kl.item()
@@ -269,6 +267,12 @@ def recompute_advantages(
     return steps.rows(advantages), steps.rows(returns)
 
 
-def _approx_kl(log_ratio: torch.Tensor) -> torch.Tensor:
+def whole_round(batch: RolloutBatch) -> Minibatch:
+    """The whole round as one mini-batch (its advantages as stored, not negated): for a forward pass over all of it."""
+    return Minibatch(batch.obs, batch.actions, batch.logp, batch.values, batch.advantages, batch.returns,
+                     batch.hidden, batch.episode_start, batch.critic_obs)  # fmt: skip
+
+
+def approx_kl(log_ratio: torch.Tensor) -> torch.Tensor:
     """The k3 estimator of KL(old || new), E[(r - 1) - log r], which is unbiased and never negative."""
     return ((log_ratio.exp() - 1) - log_ratio).mean()
