@@ -1,12 +1,14 @@
 """Time to score against the peers, on one machine, each trainer alone and on its own stock settings: ppo_ddp's
-preset (`python train.py --env-id ENV`; where the preset overlaps its rounds, the same in sync rounds, `--no-overlap`;
-and the env's 10M preset where it has one: `scale/ant`, `scale/humanoid`), rl_games with EnvPool (its stock
-`<env>_envpool.yaml` on the CPU) and SB3's PPO with the rl-baselines3-zoo's hyperparameters.
+default command (`python train.py --env-id ENV`, the env's preset and nothing else: one row per env), rl_games with
+EnvPool (its stock `<env>_envpool.yaml` on the CPU) and SB3's PPO with the rl-baselines3-zoo's hyperparameters. A
+variant of ppo_ddp is a trainer of its own, named on the command line: "ppo_ddp --no-overlap" (the preset and a
+flag), "ppo_ddp scale/ant" (another preset).
 
     python scripts/bench_peers.py                                    # 5 envs, seeds 1-3 (SB3: seed 1), 20 min cap
     python scripts/bench_peers.py --envs Hopper-v5 --trainers ppo_ddp rl_games --seeds 1 --cap-minutes 5
     python scripts/bench_peers.py --skip-done-here                   # continue: only runs without a row of this CPU
     python scripts/bench_peers.py --table                            # the table of the rows so far, no runs
+    python scripts/bench_peers.py --envs Ant-v5 --trainers ppo_ddp "ppo_ddp scale/ant" --seeds 1   # and a variant
 
 Each run starts from a new process and is timed from there (imports, env creation and compilation included); it
 ends when its training return, the mean over the last 100 finished episodes (SB3's and rl_games' default window;
@@ -141,16 +143,12 @@ class StopRequest:
 STOP = StopRequest()
 
 
-def ppo_ddp_variants(env_id: str) -> list[str]:
-    """ppo_ddp's trainers for env_id: its preset; where the preset overlaps its rounds, the same preset in sync
-    rounds (`--no-overlap`), whose stochastic policy's training return, the measure here, runs ahead of the
-    overlapped one's (docs/design.md, "Overlapped rounds"); and the env's 10M presets (`scale/ant`)."""
-    from ppo_ddp.configuration.loading import load_config
-    from ppo_ddp.configuration.presets import PRESET_DIR, name_of, presets
-
-    sync = ["ppo_ddp --no-overlap"] if load_config(env_id=env_id).overlap else []
-    scale = [f"ppo_ddp {name_of(path)}" for (env, _), path in presets(PRESET_DIR / "scale").items() if env == env_id]
-    return ["ppo_ddp", *sync, *scale]
+def trainer_name(value: str) -> str:
+    """argparse's check of a --trainers value: a peer's name, or ppo_ddp with a variant after it."""
+    name, *variant = value.split()
+    if name not in ("ppo_ddp", "rl_games", "sb3") or (variant and name != "ppo_ddp"):
+        raise argparse.ArgumentTypeError(f'{value!r}: use ppo_ddp, rl_games, sb3 or "ppo_ddp VARIANT"')
+    return " ".join([name, *variant])
 
 
 def trainer_command(trainer: str, env_id: str, seed: int, work: Path) -> tuple[list[str], Path | None]:
@@ -301,8 +299,7 @@ def speedup(theirs: float, ours: float, cap: float) -> str:
 def run_batch(args: argparse.Namespace, known: dict[str, str], cpu: str, done: set[tuple[str, str, str]]) -> None:
     """Every run the arguments ask for, in turn, each row written as it ends."""
     for env_id in args.envs:
-        trainers = [t for name in args.trainers for t in (ppo_ddp_variants(env_id) if name == "ppo_ddp" else [name])]
-        runs = [(t, s) for t in trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
+        runs = [(t, s) for t in args.trainers for s in (args.seeds[:1] if t == "sb3" else args.seeds)]
         for trainer, seed in runs:
             if args.skip_done_here and (env_id, trainer, str(seed)) in done:
                 continue
@@ -319,8 +316,8 @@ def run_batch(args: argparse.Namespace, known: dict[str, str], cpu: str, done: s
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", nargs="+", default=list(SCORES), choices=list(SCORES))
-    p.add_argument("--trainers", nargs="+", default=["ppo_ddp", "rl_games", "sb3"],
-                   choices=["ppo_ddp", "rl_games", "sb3"])  # fmt: skip
+    p.add_argument("--trainers", nargs="+", type=trainer_name, default=["ppo_ddp", "rl_games", "sb3"],
+                   help='ppo_ddp, rl_games, sb3, "ppo_ddp --FLAG ...", "ppo_ddp PRESET"')  # fmt: skip
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="SB3 runs the first only")
     p.add_argument("--cap-minutes", type=float, default=20.0)
     p.add_argument("--csv", type=Path, default=CSV, help="the rows' file (default: docs/benchmarks/peers.csv)")

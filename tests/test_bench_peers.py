@@ -4,6 +4,7 @@ return to the first at the score, its row is kept per env, trainer and seed, and
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from launches import shm_blocks_of
@@ -110,18 +112,35 @@ def test_the_table_says_whether_a_miss_was_the_cap_or_the_trainers_own_budget(be
     assert "| not reached (its budget or > 20 min) |" in lines["sb3"]
 
 
-def test_ppo_ddp_runs_its_preset_sync_where_the_preset_overlaps_and_the_env_s_10m_presets(bench_peers, tmp_path):
-    # HalfCheetah's preset overlaps its rounds: its sync rounds run beside it; Ant's preset is sync and has a 10M one.
-    assert bench_peers.ppo_ddp_variants("HalfCheetah-v5") == ["ppo_ddp", "ppo_ddp --no-overlap"]
-    assert bench_peers.ppo_ddp_variants("Ant-v5") == ["ppo_ddp", "ppo_ddp scale/ant"]
-    commands = {t: bench_peers.trainer_command(t, "Ant-v5", 2, tmp_path)[0] for t in ("ppo_ddp", "ppo_ddp scale/ant")}
-    commands["ppo_ddp --no-overlap"] = bench_peers.trainer_command(
-        "ppo_ddp --no-overlap", "HalfCheetah-v5", 2, tmp_path
-    )[0]
+def test_ppo_ddp_s_row_is_the_default_command_and_a_variant_is_a_trainer_named_on_the_command_line(
+    bench_peers, tmp_path, monkeypatch
+):
+    # The batch's ppo_ddp row per env is `train.py --env-id ENV` and nothing else; a variant runs only when named.
+    measured = []
+
+    def measure(trainer, env_id, seed, cap):
+        measured.append((trainer, env_id, seed))
+        return dict(reached_seconds="", reached_steps="", end_return="1.0", end_seconds="1.0")
+
+    monkeypatch.setattr(bench_peers, "measure", measure)
+    monkeypatch.setattr(bench_peers, "put_row", lambda *a: None)
+    args = SimpleNamespace(envs=["HalfCheetah-v5", "Ant-v5"], trainers=["ppo_ddp", "sb3"], seeds=[1, 2],
+                           skip_done_here=False, csv=tmp_path / "rows.csv", cap_minutes=1.0)  # fmt: skip
+    bench_peers.run_batch(args, {"ppo_ddp": "v", "sb3": "v"}, "cpu", set())
+    assert measured == [("ppo_ddp", "HalfCheetah-v5", 1), ("ppo_ddp", "HalfCheetah-v5", 2),
+                        ("sb3", "HalfCheetah-v5", 1), ("ppo_ddp", "Ant-v5", 1), ("ppo_ddp", "Ant-v5", 2),
+                        ("sb3", "Ant-v5", 1)]  # fmt: skip
+
+    assert bench_peers.trainer_name("ppo_ddp  --no-overlap") == "ppo_ddp --no-overlap"
+    for bad in ("cleanrl", "rl_games --no-overlap"):
+        with pytest.raises(argparse.ArgumentTypeError, match="use ppo_ddp, rl_games, sb3"):
+            bench_peers.trainer_name(bad)
+    commands = {t: bench_peers.trainer_command(t, "Ant-v5", 2, tmp_path)[0]
+                for t in ("ppo_ddp", "ppo_ddp scale/ant", "ppo_ddp --no-overlap")}  # fmt: skip
     tail = ["--seed", "2", "--runs-dir", str(tmp_path), "--run-name", "run"]
     assert commands["ppo_ddp"][2:] == ["--env-id", "Ant-v5", *tail]
     assert commands["ppo_ddp scale/ant"][2:] == ["--config", "scale/ant", *tail]
-    assert commands["ppo_ddp --no-overlap"][2:] == ["--env-id", "HalfCheetah-v5", "--no-overlap", *tail]
+    assert commands["ppo_ddp --no-overlap"][2:] == ["--env-id", "Ant-v5", "--no-overlap", *tail]
 
 
 def test_the_speed_up_is_ppo_ddp_s_fastest_row_s_named_where_it_has_several(bench_peers):
