@@ -4,6 +4,7 @@ env against rl_games + EnvPool pinned to the same cores.
 
     python scripts/bench_cores.py                                    # the HalfCheetah preset on 1, 2, 4, ... cores
     python scripts/bench_cores.py --config scale/humanoid --cores 1 2
+    python scripts/bench_cores.py --cores 1 2 --passes 5             # a drifting machine: alternated, medians
     python scripts/bench_cores.py --cores 1 2 --score-env HalfCheetah-v5 --cap-minutes 10   # + time to score
 
 Each count k runs `taskset -c 0-(k-1) python train.py --config PRESET --no-overlap` (`auto` sees k cores in its
@@ -126,6 +127,32 @@ def measure(
     )
 
 
+def alternating(runs: dict, passes: int) -> dict:
+    """Each of `runs` (name -> a measurement) `passes` times, in turn: a, b, c, a, b, c, ... A shared machine's
+    speed drifts by 10-30% over minutes, which one pass per row puts into the ratios between rows; alternated,
+    the drift falls on every row alike. Each row is its passes' median, field by field; with more than one pass,
+    each pass's rollout on 1 core over its rollout on 2 is printed (the ratio in a stretch of one speed)."""
+    measured: dict = {name: [] for name in runs}
+    for p in range(passes):
+        for name, run in runs.items():
+            measured[name].append(run())
+        if passes > 1 and 1 in measured and 2 in measured:
+            print(f"pass {p + 1}: rollout 1 core / 2 cores {measured[1][-1].rollout / measured[2][-1].rollout:.2f}x "
+                  f"({measured[1][-1].rollout:.3f} / {measured[2][-1].rollout:.3f} s)", flush=True)  # fmt: skip
+    return {name: median_row(rows) for name, rows in measured.items()}
+
+
+def median_row(rows: list[Measured]) -> Measured:
+    """The rows' median, field by field (their cores and split are one)."""
+    return Measured(
+        rows[0].cores,
+        rows[0].split,
+        statistics.median(r.sps for r in rows),
+        statistics.median(r.rollout for r in rows),
+        statistics.median(r.update for r in rows),
+    )
+
+
 def show(row: Measured, model: Model | None, label: str = "") -> None:
     line = (
         f"{row.cores:>3} cores{label}: {row.split}; {row.sps:,.0f} steps/s, a round {row.rollout:.3f} s rollout + "
@@ -176,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cores", type=int, nargs="+", default=default, help="core counts (default: 1, 2, 4, ...)")
     parser.add_argument("--warmup-rounds", type=int, default=3, help="rounds after round 0 left out of the timing")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds")
+    parser.add_argument("--passes", type=int, default=1, help="sync measurements alternated, each row their median")
     parser.add_argument(
         "--learners", type=int, default=1, help="also the round split over this many CPU learners (gradients sync)"
     )
@@ -183,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the time-to-score runs")
     parser.add_argument("--cap-minutes", type=float, default=10.0, help="cap of each time-to-score run")
     args = parser.parse_args(argv)
+    if args.passes < 1:
+        parser.error(f"--passes: at least 1, not {args.passes}")
     if any(k < 1 or k > here for k in args.cores) or 1 not in args.cores:
         parser.error(f"--cores: counts from 1 to the {here} usable here, 1 included (the model's fit)")
 
@@ -194,8 +224,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{here} usable cores; load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     timing = (args.warmup_rounds, args.rounds, steps)
     sync = [*flags, "--no-overlap"]
-    rows = {k: measure(args.config, sync, k, *timing) for k in sorted(args.cores)}
-    two_on_one = measure(args.config, [*sync, "--actors-per-gpu", "2"], 1, *timing)
+    runs = {k: (lambda k=k: measure(args.config, sync, k, *timing)) for k in sorted(args.cores)}
+    runs["2 on 1"] = lambda: measure(args.config, [*sync, "--actors-per-gpu", "2"], 1, *timing)
+    rows = alternating(runs, args.passes)
+    two_on_one = rows.pop("2 on 1")
     fixed = max(0.0, two_on_one.rollout - rows[1].rollout)
     more = next((r.update for k, r in sorted(rows.items()) if k > 1), rows[1].update)
     fit = Model(envs, steps, fixed, rows[1].rollout - fixed, rows[1].update, more, overlap=False)

@@ -228,6 +228,29 @@ def test_bench_cores_end_to_end_on_a_tiny_budget():
     assert lines[lines.index("overlapped rounds:") + 1] == table[0]  # Walker2d's preset overlaps: its own table too
 
 
+def test_bench_cores_alternates_its_passes_and_takes_each_row_s_median(monkeypatch, capsys):
+    # A machine whose speed drifts: the measurements run a, b, a, b, ... and each row is the median of its passes.
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_cores
+
+    order, drift = [], iter([1.0, 1.1, 1.3, 1.2, 1.6, 1.5])  # each call a little slower, as the machine drifts
+
+    def run(cores):
+        def measure():
+            order.append(cores)
+            slow = next(drift)
+            return bench_cores.Measured(cores, f"{cores} x 1", 1000 / slow, slow / cores, 0.1 * slow)
+
+        return measure
+
+    rows = bench_cores.alternating({1: run(1), 2: run(2)}, passes=3)
+    assert order == [1, 2, 1, 2, 1, 2]
+    assert rows[1] == bench_cores.Measured(1, "1 x 1", 1000 / 1.3, 1.3, 0.1 * 1.3)
+    assert rows[2] == bench_cores.Measured(2, "2 x 1", 1000 / 1.2, 1.2 / 2, 0.1 * 1.2)
+    passes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pass ")]
+    assert passes[0] == "pass 1: rollout 1 core / 2 cores 1.82x (1.000 / 0.550 s)" and len(passes) == 3
+
+
 def test_profile_pool_end_to_end_on_a_tiny_budget():
     # Every row of the pool's profile on a small Hopper shape (a pool of one actor), a fraction of a second each: the
     # plumbing, and each ratio is its row's rate over the first row's, not the speed.
