@@ -7,7 +7,8 @@
     python scripts/benchmark_returns.py --envs hopper --seeds 1 2 3 4 5 6 7 8 9 10 --skip-done-here   # continue a batch
 
 Each run is `python train.py --config ppo_ddp/configs/<env>.yaml` (ppo_ddp/configs/scale/<env>.yaml with --scale; or
-`torchrun --standalone --nproc_per_node=W` for world size W > 1) with the preset's total steps unless
+`torchrun --standalone --nproc_per_node=W` for world size W > 1) with the preset's total steps, at most 1M without
+--scale (the 1M tables: a recipe with a longer budget, Humanoid's, is its run stopped at 1M), unless
 --total-timesteps says otherwise, and `--resume auto`: a run stopped by SIGTERM (kill the script's process
 group: `kill -TERM -PGID`) continues where it stopped when the same command is run again. Its final checkpoint
 is evaluated through ppo_ddp.evaluate: deterministic, over the preset's eval_episodes (Config's 10 unless the
@@ -56,6 +57,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from returns_rows import SETTINGS, row_key, settings, shape_flags  # noqa: E402
 from returns_tables import plot_all, write_table  # noqa: E402
 
+from ppo_ddp.configuration.config import Config  # noqa: E402
+from ppo_ddp.configuration.loading import load_yaml_defaults  # noqa: E402
 from ppo_ddp.configuration.presets import find_preset, presets  # noqa: E402
 from ppo_ddp.evaluation.playback import evaluate_policy, load_policy  # noqa: E402
 from ppo_ddp.plot import load_curve  # noqa: E402
@@ -125,6 +128,16 @@ def cpu_model() -> str:
 
 def preset_path(env_key: str, scale: bool) -> str:
     return f"ppo_ddp/configs/scale/{env_key}.yaml" if scale else PRESETS[env_key][1]
+
+
+TABLE_STEPS = 1_000_000
+"""The 1M tables' budget: a 1M preset whose recipe runs longer (Humanoid's, to its score) is stopped there."""
+
+
+def table_steps(preset: str, scale: bool) -> int | None:
+    """The run's --total-timesteps: TABLE_STEPS where a 1M table's preset asks for more, else None (its own)."""
+    budget = load_yaml_defaults(ROOT / preset).get("total_timesteps", Config.total_timesteps)
+    return TABLE_STEPS if not scale and budget > TABLE_STEPS else None
 
 
 def run_name(env: str, seed: int, world_size: int, scale: bool, sync_mode: str, extra_args: str) -> str:
@@ -223,7 +236,7 @@ def main() -> None:
     p.add_argument("--world-sizes", nargs="+", type=int, default=[1])
     p.add_argument("--sync-modes", nargs="+", default=["params"], choices=["params", "gradients"])
     p.add_argument("--scale", action="store_true", help="the large-batch presets of ppo_ddp/configs/scale/")
-    p.add_argument("--total-timesteps", type=int, default=None, help="default: the preset's")
+    p.add_argument("--total-timesteps", type=int, default=None, help="default: the preset's, 1M at most unless --scale")
     p.add_argument("--eval-episodes", type=int, default=None, help="default: the preset's eval_episodes (Config: 10)")
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "benchmark")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "benchmarks")
@@ -244,6 +257,7 @@ def main() -> None:
     here = cpu_model()
     for env_key in args.envs:
         env_id, preset = PRESETS[env_key][0], preset_path(env_key, args.scale)
+        total = args.total_timesteps or table_steps(preset, args.scale)
         for world in args.world_sizes:
             for sync in args.sync_modes:
                 if world == 1 and sync == "gradients":  # one rank: the two modes are the same computation
@@ -255,9 +269,7 @@ def main() -> None:
                         r.get("cpu") == here for r in done
                     )):  # fmt: skip
                         continue
-                    run_dir = train(
-                        env_key, seed, world, args.total_timesteps, args.runs_dir, args.train_args, args.scale, sync
-                    )
+                    run_dir = train(env_key, seed, world, total, args.runs_dir, args.train_args, args.scale, sync)
                     record(run_dir, key, args, commit, csv_path)
     refresh_tables(csv_path, args.out_dir)
     print(f"wrote {csv_path}, {args.out_dir / 'returns.md'} and the figures in {args.out_dir}")
