@@ -5,6 +5,7 @@ env against rl_games + EnvPool pinned to the same cores.
     python scripts/bench_cores.py                                    # the HalfCheetah preset on 1, 2, 4, ... cores
     python scripts/bench_cores.py --config scale/humanoid --cores 1 2
     python scripts/bench_cores.py --cores 1 2 --passes 5             # a drifting machine: alternated, medians
+    python scripts/bench_cores.py --cores 1 2 --paired-rounds 100    # + 1 core's rollout over 2's, round by round
     python scripts/bench_cores.py --cores 1 2 --score-env HalfCheetah-v5 --cap-minutes 10   # + time to score
 
 Each count k runs `taskset -c 0-(k-1) python train.py --config PRESET --no-overlap` (`auto` sees k cores in its
@@ -30,17 +31,24 @@ samples and the same mini-batches, so it learns as one learner), against one lea
 count, ppo_ddp's preset and rl_games with its stock EnvPool config (scripts/bench_peers.py's runs and venv), each to
 the env's score or the cap.
 
+--paired-rounds N: the rollout's ratio, 1 core against each larger count, measured without whole runs: two actor
+pools open side by side, their rounds alternating, each pair's ratio taken in one stretch of the machine's speed
+(a shared machine's speed drifts by 10-30% over minutes, which separate runs put into their ratio).
+
 Run it alone on the machine: every figure is a wall-clock time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import os
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +161,50 @@ def median_row(rows: list[Measured]) -> Measured:
     )
 
 
+def paired_rollout(preset: str, flags: list[str], cores: int, rounds: int) -> list[float]:
+    """The preset's rollout on 1 core over its rollout on `cores` cores, round by round: two actor pools open side by
+    side (1 actor, and auto's split for `cores`; each actor pinned; a fresh policy with frozen statistics, no
+    update), their rounds alternating, so that each pair of rounds runs in one stretch of the machine's speed.
+    Returns each pair's ratio (the learner's part of a round, its start and the batch, is not in it)."""
+    from bench_rollout import warm_pool
+
+    from ppo_ddp.envs.make import make_env
+    from ppo_ddp.runner.launch import learner_config
+
+    cpus = sorted(os.sched_getaffinity(0))[:cores]
+    envs = envs_per_learner(parse_config(["--config", preset, *flags], check_env=False))
+    with contextlib.ExitStack() as stack:
+        rounds_of = []
+        for k in (1, cores):
+            cfg = learner_config(
+                parse_config(["--config", preset, *flags, "--actors-per-gpu", str(actors_for(envs, k))])
+            )
+            probe = make_env(cfg.env_id, **cfg.env_kwargs)
+            space = probe.action_space
+            dims = (probe.observation_space.shape[0], space.shape[0])
+            probe.close()
+            pool, model, stats = stack.enter_context(warm_pool(cfg, *dims, (space.low, space.high)))
+            for a, pid in enumerate(pool.pids):
+                os.sched_setaffinity(pid, {cpus[a % k]})
+            rounds_of.append(functools.partial(timed_round, pool, model, stats))
+        for _ in range(3):  # warm-up, pinned
+            rounds_of[0](), rounds_of[1]()
+        ratios = []
+        for i in range(rounds):  # which pool goes first alternates too
+            if i % 2:
+                more, one = rounds_of[1](), rounds_of[0]()
+            else:
+                one, more = rounds_of[0](), rounds_of[1]()
+            ratios.append(one / more)
+        return ratios
+
+
+def timed_round(pool, model, stats) -> float:
+    start = time.perf_counter()
+    pool.collect(model, *stats)
+    return time.perf_counter() - start
+
+
 def show(row: Measured, model: Model | None, label: str = "") -> None:
     line = (
         f"{row.cores:>3} cores{label}: {row.split}; {row.sps:,.0f} steps/s, a round {row.rollout:.3f} s rollout + "
@@ -204,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup-rounds", type=int, default=3, help="rounds after round 0 left out of the timing")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds")
     parser.add_argument("--passes", type=int, default=1, help="sync measurements alternated, each row their median")
+    parser.add_argument("--paired-rounds", type=int, default=0,
+                        help="also 1 core's rollout over each count's, rounds of two pools alternating")  # fmt: skip
     parser.add_argument(
         "--learners", type=int, default=1, help="also the round split over this many CPU learners (gradients sync)"
     )
@@ -248,6 +302,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{k:>3} cores, {args.learners} learners (sync-mode gradients, {envs // args.learners} envs each): "
               f"{row.sps:,.0f} steps/s, a round {row.rollout:.3f} s rollout + {row.update:.3f} s update, against "
               f"one learner's {rows[k].sps:,.0f} steps/s, {rows[k].update:.3f} s update", flush=True)  # fmt: skip
+    for k in sorted(c for c in args.cores if c > 1 and args.paired_rounds):
+        ratios = sorted(paired_rollout(args.config, flags, k, args.paired_rounds))
+        quartiles = statistics.quantiles(ratios, n=4)
+        print(f"paired rounds, rollout 1 core / {k} cores: median {statistics.median(ratios):.2f}x, quartiles "
+              f"{quartiles[0]:.2f}-{quartiles[2]:.2f}x over {len(ratios)} pairs", flush=True)  # fmt: skip
     if args.score_env:
         for k in sorted(args.cores):
             time_to_score(args.score_env, k, args.seed, args.cap_minutes * 60)

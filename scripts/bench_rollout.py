@@ -18,11 +18,12 @@ after the pool runs and the larger value is used, so drift of a shared machine c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,26 @@ def side_by_side(processes: int, fn: Callable[..., Any], *args: Any) -> list[Any
         os.environ.update(saved)
 
 
+@contextlib.contextmanager
+def warm_pool(
+    cfg: Config, obs_dim: int, act_dim: int, bounds: Any = None
+) -> Iterator[tuple[ActorPool, torch.nn.Module, tuple]]:
+    """cfg's ActorPool (its actors_per_gpu actors) with a fresh policy, past its start-up and a first round:
+    (pool, model, the statistics of that round), which the measurements then keep frozen. bounds: the action
+    space's (low, high), for a bounded distribution."""
+    torch.manual_seed(cfg.seed)
+    model = make_model(cfg, obs_dim, act_dim, 0, bounds)
+    with ActorPool(
+        cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False
+    ) as pool:
+        reports = pool.collect(model, None, None)
+        stats = (  # every env's moments, as the learner merges them
+            merge_rms_states(m for r in reports for m in r.obs_moments),
+            merge_rms_states(m for r in reports for m in r.return_moments or []),
+        )
+        yield pool, model, stats
+
+
 def pool_rate(
     cfg: Config, obs_dim: int, act_dim: int, seconds: float, checkpoint: Path | None = None, bounds: Any = None
 ):
@@ -90,16 +111,7 @@ def pool_rate(
     statistics of its warm-up round, or a checkpoint's policy with its statistics (the states a trained policy
     visits, which may cost the env more or less per step). bounds: the action space's (low, high), for a bounded
     distribution."""
-    torch.manual_seed(cfg.seed)
-    model = make_model(cfg, obs_dim, act_dim, 0, bounds)
-    with ActorPool(
-        cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False
-    ) as pool:
-        reports = pool.collect(model, None, None)  # start-up and warm-up; its statistics are then frozen
-        stats = (  # every env's moments, as the learner merges them
-            merge_rms_states(m for r in reports for m in r.obs_moments),
-            merge_rms_states(m for r in reports for m in r.return_moments or []),
-        )
+    with warm_pool(cfg, obs_dim, act_dim, bounds) as (pool, model, stats):
         if checkpoint is not None:
             state = load_checkpoint(checkpoint)
             model.load_state_dict(state["actor"])

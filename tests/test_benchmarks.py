@@ -265,6 +265,17 @@ def test_bench_cores_alternates_its_passes_and_takes_each_row_s_median(monkeypat
     assert passes[0] == "pass 1: rollout 1 core / 2 cores 1.82x (1.000 / 0.550 s)" and len(passes) == 3
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_bench_cores_pairs_the_rounds_of_a_1_core_pool_and_a_2_core_pool(monkeypatch):
+    # Walker2d's preset on rounds of 4 envs x 16 steps: a pool of 1 actor pinned to one core and one of 2 actors on
+    # two, their rounds alternating; a ratio a pair. The plumbing, not the speed.
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_cores
+
+    ratios = bench_cores.paired_rollout("walker2d", ["--no-compile", "--num-envs", "4", "--rollout-length", "16"], 2, 3)
+    assert len(ratios) == 3 and all(r > 0 for r in ratios)
+
+
 def test_profile_pool_end_to_end_on_a_tiny_budget():
     # Every row of the pool's profile on a small Hopper shape (a pool of one actor), a fraction of a second each: the
     # plumbing, and each ratio is its row's rate over the first row's, not the speed.
