@@ -168,7 +168,6 @@ def paired_rollout(preset: str, flags: list[str], cores: int, rounds: int) -> li
     Returns each pair's ratio (the learner's part of a round, its start and the batch, is not in it)."""
     from bench_rollout import warm_pool
 
-    from ppo_ddp.envs.make import make_env
     from ppo_ddp.runner.launch import learner_config
 
     cpus = sorted(os.sched_getaffinity(0))[:cores]
@@ -179,11 +178,7 @@ def paired_rollout(preset: str, flags: list[str], cores: int, rounds: int) -> li
             cfg = learner_config(
                 parse_config(["--config", preset, *flags, "--actors-per-gpu", str(actors_for(envs, k))])
             )
-            probe = make_env(cfg.env_id, **cfg.env_kwargs)
-            space = probe.action_space
-            dims = (probe.observation_space.shape[0], space.shape[0])
-            probe.close()
-            pool, model, stats = stack.enter_context(warm_pool(cfg, *dims, (space.low, space.high)))
+            pool, model, stats = stack.enter_context(warm_pool(cfg))
             for a, pid in enumerate(pool.pids):
                 os.sched_setaffinity(pid, {cpus[a % k]})
             rounds_of.append(functools.partial(timed_round, pool, model, stats))

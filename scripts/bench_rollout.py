@@ -85,14 +85,15 @@ def side_by_side(processes: int, fn: Callable[..., Any], *args: Any) -> list[Any
 
 
 @contextlib.contextmanager
-def warm_pool(
-    cfg: Config, obs_dim: int, act_dim: int, bounds: Any = None
-) -> Iterator[tuple[ActorPool, torch.nn.Module, tuple]]:
-    """cfg's ActorPool (its actors_per_gpu actors) with a fresh policy, past its start-up and a first round:
-    (pool, model, the statistics of that round), which the measurements then keep frozen. bounds: the action
-    space's (low, high), for a bounded distribution."""
+def warm_pool(cfg: Config) -> Iterator[tuple[ActorPool, torch.nn.Module, tuple]]:
+    """cfg's ActorPool (its actors_per_gpu actors) with a fresh policy for cfg's env, past its start-up and a first
+    round: (pool, model, the statistics of that round), which the measurements then keep frozen."""
+    probe = make_env(cfg.env_id, **cfg.env_kwargs)
+    space = probe.action_space
+    obs_dim, act_dim = probe.observation_space.shape[0], space.shape[0]
+    probe.close()
     torch.manual_seed(cfg.seed)
-    model = make_model(cfg, obs_dim, act_dim, 0, bounds)
+    model = make_model(cfg, obs_dim, act_dim, 0, (space.low, space.high))
     with ActorPool(
         cfg, rank=0, num_actors=cfg.actors_per_gpu, obs_dim=obs_dim, act_dim=act_dim, pin_memory=False
     ) as pool:
@@ -104,14 +105,11 @@ def warm_pool(
         yield pool, model, stats
 
 
-def pool_rate(
-    cfg: Config, obs_dim: int, act_dim: int, seconds: float, checkpoint: Path | None = None, bounds: Any = None
-):
+def pool_rate(cfg: Config, seconds: float, checkpoint: Path | None = None) -> tuple[float, int, float]:
     """(env steps per second, rounds, mean round seconds) of collect() alone. The policy is a fresh one with the
     statistics of its warm-up round, or a checkpoint's policy with its statistics (the states a trained policy
-    visits, which may cost the env more or less per step). bounds: the action space's (low, high), for a bounded
-    distribution."""
-    with warm_pool(cfg, obs_dim, act_dim, bounds) as (pool, model, stats):
+    visits, which may cost the env more or less per step)."""
+    with warm_pool(cfg) as (pool, model, stats):
         if checkpoint is not None:
             state = load_checkpoint(checkpoint)
             model.load_state_dict(state["actor"])
@@ -154,7 +152,6 @@ def main(argv: list[str] | None = None) -> None:
     cpus = os.cpu_count() or 1
     probe = make_env(args.env_id)
     obs_dim, act_dim = probe.observation_space.shape[0], probe.action_space.shape[0]
-    bounds = (probe.action_space.low, probe.action_space.high)
     probe.close()
     print(
         f"# {args.env_id}: obs_dim {obs_dim}, act_dim {act_dim}; {cpus} CPUs; load average {os.getloadavg()[0]:.2f}; "
@@ -182,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
                         batch_envs=batch == "on",
                         distribution=distribution,
                     )
-                    rate, rounds, round_s = pool_rate(cfg, obs_dim, act_dim, args.seconds, bounds=bounds)
+                    rate, rounds, round_s = pool_rate(cfg, args.seconds)
                     gaussian = rate if distribution == "gaussian" else gaussian
                     rows.append((actors, envs, batch, rate))
                     versus = f"{rate / gaussian:>9.3f}" if gaussian else f"{'—':>9}"

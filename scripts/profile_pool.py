@@ -232,10 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         if replayed is not None:  # the env's work on the actor's own states: what the actor adds is the rest
             show("  its actions replayed in plain envs", replayed * n, {})
             print(f"  the actor at {rate / (replayed * n):.3f} of its replay", flush=True)
-    probe = make_env(cfg.env_id, **cfg.env_kwargs)
-    dims = probe.observation_space.shape[0], probe.action_space.shape[0]
-    probe.close()
-    rate, _, _ = pool_rate(cfg, *dims, args.seconds)
+    rate, _, _ = pool_rate(cfg, args.seconds)
     show(f"pool ({cfg.actors_per_gpu} actors, no learner)", rate, {})
     if args.train:
         from bench_scale import training_rate
@@ -244,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
             rate, rollout, update, steps = training_rate(args.config, flags, 3, 15, Path(tmp))
             show(f"training ({rollout:.3f} s rollout + {update:.3f} s update)", rate, {})
             show(f"  its rollout alone ({steps} steps in {rollout:.3f} s)", steps / rollout, {})
-            trained, _, _ = pool_rate(cfg, *dims, args.seconds, Path(tmp) / "bench" / "model_bench.pt")
+            trained, _, _ = pool_rate(cfg, args.seconds, Path(tmp) / "bench" / "model_bench.pt")
             show("pool, no learner, the trained policy", trained, {})
     if args.cprofile:
         os.environ.update(SINGLE_THREAD_ENV)  # as in an actor
