@@ -1,5 +1,6 @@
 """Evaluate a checkpoint: `python -m ppo_ddp.evaluate runs/<run>/model_<run>.pt --episodes 10`.
 
+`--video DIR` records every episode as an mp4, `--gif FILE` the first one's start as a GIF (the README's animations).
 Everything comes from the checkpoint alone: the network shape from its config, the observation
 normalisation from its frozen obs_rms_state. Deterministic evaluation acts with the
 policy's deterministic action (the Gaussian's mean; a bounded distribution's, docs/design.md).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -38,6 +40,9 @@ class EvalArgs:
     video: Optional[str] = None
     """Folder to record an mp4 of every episode into, with a camera that follows the robot (needs moviepy and a
     MuJoCo renderer: without a display MUJOCO_GL=egl is tried, or set MUJOCO_GL=osmesa)."""
+    gif: Optional[str] = None
+    """File to write the first episode's first seconds to as a looping GIF (about 160 pixels a side, under 1 MB for
+    a README; needs a MuJoCo renderer, as --video does, not moviepy)."""
     env_id: Optional[str] = None
     """Override the env of the checkpoint (same observation and action shapes); it is made with the checkpoint's
     env_kwargs, the options of the robot the policy was trained on."""
@@ -62,9 +67,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"evaluate: error: env_id={env_id!r}: {problem}", file=sys.stderr)
         raise SystemExit(2)
     if args.video:
-        _check_video(env_id, cfg.env_kwargs)
+        _check_video(env_id, cfg.env_kwargs, "--video", writes_mp4=True)
+    if args.gif:
+        _check_video(env_id, cfg.env_kwargs, "--gif", writes_mp4=False)
     returns = evaluate_policy(
-        model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video
+        model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video, args.gif
     )
     mode = "deterministic" if args.deterministic else "stochastic"
     print(
@@ -73,17 +80,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     if args.video:
         print(f"videos in {args.video}")
+    if args.gif:
+        print(f"wrote {args.gif} ({Path(args.gif).stat().st_size / 1024:.0f} KiB)")
 
 
-def _check_video(env_id: str, env_kwargs: dict[str, Any]) -> None:
+def _check_video(env_id: str, env_kwargs: dict[str, Any], flag: str, writes_mp4: bool) -> None:
     """Fail with advice instead of a traceback when videos cannot be written here."""
-    problem = missing_extra("moviepy")  # it writes the mp4 files
+    problem = missing_extra("moviepy") if writes_mp4 else None  # moviepy writes the mp4 files, pillow the GIF
     if problem is None:
         env = make_video_env(env_id, **env_kwargs)
         problem = render_problem(env)
         env.close()
     if problem is not None:
-        print(f"evaluate: error: --video: {problem}", file=sys.stderr)
+        print(f"evaluate: error: {flag}: {problem}", file=sys.stderr)
         raise SystemExit(2)
 
 

@@ -1,5 +1,6 @@
 """Export a checkpoint's policy for deployment:
-`python -m ppo_ddp.export runs/<run>/model_<run>.pt --format onnx --output policy.onnx` (or --format torchscript).
+`python -m ppo_ddp.export runs/<run>/model_<run>.pt --format onnx --output policy.onnx` (or --format torchscript),
+or to share: `--format policy`, a checkpoint of the policy alone that evaluate and export read (`write_policy_file`).
 
 The file computes what `python -m ppo_ddp.evaluate` acts with (ppo_ddp/evaluation/policy.py's EnvPolicy, deterministic):
 raw observations float32 [N, obs_dim] -> normalised with the checkpoint's frozen statistics and clipped to
@@ -31,10 +32,12 @@ from ppo_ddp.configuration.config import Config
 from ppo_ddp.configuration.flags import use_docstrings_as_help
 from ppo_ddp.configuration.validation import missing_extra
 from ppo_ddp.envs.make import make_env
+from ppo_ddp.envs.options import relative_env_kwargs
 from ppo_ddp.errors import CheckpointError
 from ppo_ddp.evaluation.playback import load_policy
 from ppo_ddp.evaluation.policy import EnvPolicy
 from ppo_ddp.records.run_log import code_version
+from ppo_ddp.storage.checkpoint import load_checkpoint, policy_state, save_checkpoint
 
 ONNX_MODULES = ("onnx", "onnxscript")
 """What torch.onnx.export's exporter (torch.export-based, torch's default) imports; onnxruntime runs the file."""
@@ -48,7 +51,9 @@ class ExportArgs:
     checkpoint: tyro.conf.Positional[str]
     """Path of a model_<run>.pt or model_<run>_best.pt file."""
     format: str
-    """onnx (run it with onnxruntime: examples/play_exported.py) or torchscript (torch.jit.load)."""
+    """onnx (run it with onnxruntime: examples/play_exported.py), torchscript (torch.jit.load), or policy: a
+    checkpoint of the policy alone (network, observation statistics, config; no optimiser or resume state), which
+    `python -m ppo_ddp.evaluate` plays as it plays the checkpoint (the files under policies/)."""
     output: str
     """The file to write (its folder is created)."""
 
@@ -137,6 +142,20 @@ EXPORTERS: dict[str, Callable[[EnvPolicy, Path, dict[str, Any]], None]] = {
 }
 
 
+FORMATS = (*EXPORTERS, "policy")
+
+
+def write_policy_file(checkpoint: str | Path, output: str | Path) -> dict[str, Any]:
+    """Write the checkpoint's policy alone to output (storage.checkpoint.policy_state) and return it. An xml_file
+    under the working directory is stored relative to it, so the file plays from any copy of that folder (the
+    trotter of examples/ from a clone of the repository)."""
+    state = load_checkpoint(checkpoint)
+    env_kwargs = relative_env_kwargs(state["config"].get("env_kwargs") or {}, Path.cwd())
+    slim = policy_state(state, env_kwargs)
+    save_checkpoint(output, slim)
+    return slim
+
+
 def export_policy(checkpoint: str | Path, fmt: str, output: str | Path) -> tuple[EnvPolicy, dict[str, Any]]:
     """Write the checkpoint's policy to output in format fmt; returns the exported module and its metadata.
     CheckpointError for a file that is not a checkpoint."""
@@ -160,8 +179,16 @@ def _fail(message: str) -> None:
 def main(argv: Optional[list[str]] = None) -> None:
     use_docstrings_as_help(ExportArgs)  # --help as prose, like train's
     args = tyro.cli(ExportArgs, args=argv, prog="python -m ppo_ddp.export")
-    if args.format not in EXPORTERS:
-        _fail(f"--format {args.format!r}: must be one of {', '.join(EXPORTERS)}")
+    if args.format not in FORMATS:
+        _fail(f"--format {args.format!r}: must be one of {', '.join(FORMATS)}")
+    if args.format == "policy":
+        try:
+            slim = write_policy_file(args.checkpoint, args.output)
+        except CheckpointError as e:
+            _fail(str(e))
+        size = Path(args.output).stat().st_size
+        print(f"wrote {args.output} (policy, {size / 1024:.1f} KiB): {slim['env_id']}, step {slim.get('global_step')}")
+        return
     if args.format == "onnx":
         for module in ONNX_MODULES:
             if problem := missing_extra(module):

@@ -266,3 +266,50 @@ def test_onnx_without_its_packages_names_the_pip_command(checkpoints, tmp_path, 
     monkeypatch.setattr(export, "missing_extra", lambda m: f"needs {m}: pip install {m}" if m == "onnxscript" else None)
     line = one_error_line(capsys, [str(checkpoints["mlp"]), "--format", "onnx", "--output", str(tmp_path / "p")])
     assert "pip install onnxscript" in line and not (tmp_path / "p").exists()
+
+
+def test_a_policy_file_keeps_the_policy_alone_and_plays_as_the_checkpoint(checkpoints, tmp_path, capsys):
+    """--format policy: the resume state (optimiser, RNG, every rank's envs) is left out and the tensors hold only
+    their own bytes (a training run's parameters are views of one flat buffer); evaluate scores what it scores on
+    the checkpoint."""
+    state = torch.load(checkpoints["gru"], weights_only=True)
+    flat = torch.cat([v.flatten() for v in state["actor"].values()])  # as a trainer's flat parameter buffer
+    views, start = {}, 0
+    for k, v in state["actor"].items():
+        views[k], start = flat[start : start + v.numel()].view_as(v), start + v.numel()
+    big = torch.zeros(10_000_000, dtype=torch.uint8)  # ~10 MB of resume state
+    save_checkpoint(tmp_path / "full.pt", {**state, "actor": views, "optimizer": {"state": big}, "rank_states": [big]})
+    export.main([str(tmp_path / "full.pt"), "--format", "policy", "--output", str(tmp_path / "p" / "policy.pt")])
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'p' / 'policy.pt'} (policy, ")
+    slim = torch.load(tmp_path / "p" / "policy.pt", weights_only=True)
+    assert set(slim) == {"actor", "obs_rms_state", "config", "env_id", "obs_dim", "act_dim"}
+    assert (tmp_path / "p" / "policy.pt").stat().st_size < flat.numel() * 4 + 50_000
+    scores = []
+    for path in (checkpoints["gru"], tmp_path / "p" / "policy.pt"):
+        model, obs_rms, cfg = load_policy(path)
+        scores.append(evaluate_policy(model, obs_rms, cfg, 2))
+    assert scores[0] == scores[1]
+
+
+def test_a_policy_files_robot_model_travels_with_the_folder_it_was_written_in(checkpoints, tmp_path, monkeypatch):
+    """An xml_file under the working directory is stored relative to it: a copy of that folder plays the file."""
+    state = torch.load(checkpoints["mlp"], weights_only=True)
+    xml = tmp_path / "repo" / "robots" / "hopper.xml"
+    xml.parent.mkdir(parents=True)
+    xml.write_text((Path(gymnasium_assets()) / "hopper.xml").read_text())
+    state["config"] = {**state["config"], "env_kwargs": {"xml_file": str(xml)}}
+    save_checkpoint(tmp_path / "repo" / "model.pt", state)
+    monkeypatch.chdir(tmp_path / "repo")
+    export.main(["model.pt", "--format", "policy", "--output", "policies/hopper.pt"])
+    slim = torch.load(tmp_path / "repo" / "policies" / "hopper.pt", weights_only=True)
+    assert slim["config"]["env_kwargs"] == {"xml_file": "./robots/hopper.xml"}
+    (tmp_path / "repo").rename(tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")
+    model, obs_rms, cfg = load_policy("policies/hopper.pt")
+    assert len(evaluate_policy(model, obs_rms, cfg, 1)) == 1
+
+
+def gymnasium_assets() -> Path:
+    from ppo_ddp.envs.options import GYMNASIUM_ASSETS
+
+    return GYMNASIUM_ASSETS

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -155,3 +158,92 @@ def test_capture_video_without_a_renderer_refuses_at_start(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("train.py: error: capture_video=True: MuJoCo cannot render here")
     assert "MUJOCO_GL=glfw" in lines[0] and "apt install libegl1" in lines[0]
     assert "iter " not in proc.stdout and not (tmp_path / "v" / "metrics.csv").read_text().strip()  # no round ran
+
+
+# evaluate --gif: the first episode's first 5 s at 20 frames a second (Hopper steps 125 times a second)
+GIF_CHECK = textwrap.dedent(
+    """
+    import json, sys
+    from PIL import Image
+    from ppo_ddp.evaluate import main
+    main([sys.argv[1], "--episodes", "2", "--gif", sys.argv[2]])
+    gif = Image.open(sys.argv[2])
+    print(json.dumps({"frames": gif.n_frames, "size": list(gif.size), "duration": gif.info["duration"],
+                      "loop": gif.info.get("loop")}))
+    """
+)
+
+
+def test_evaluate_gif_writes_the_first_episodes_start_as_a_looping_gif(tmp_path):
+    from test_export import make_checkpoint
+
+    from ppo_ddp.evaluation.evaluator import play_episodes
+    from ppo_ddp.evaluation.playback import load_policy
+
+    checkpoint = make_checkpoint(tmp_path / "model.pt", "mlp")
+    env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"), PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", GIF_CHECK, str(checkpoint), str(tmp_path / "a" / "hopper.gif")],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    if not renderer_here():
+        assert proc.returncode == 2 and "--gif: MuJoCo cannot render here" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gif = json.loads(proc.stdout.strip().splitlines()[-1])
+    model, obs_rms, cfg = load_policy(checkpoint)
+    (_, length), _ = play_episodes(make_env_for(cfg), model, obs_rms, cfg.obs_clip, 2, 12345)
+    # the reset's frame, then one at each step that passes the next 50 ms (8 ms a step: steps 7, 13, 19, 25, ...)
+    assert gif["frames"] == min(1 + sum(math.ceil(6.25 * k) <= length for k in range(1, 100)), 100), (gif, length)
+    assert gif["size"] == [160, 160] and gif["duration"] == 50 and gif["loop"] == 0, gif  # 20 frames a second
+    # the recording changes no episode: the returns printed are evaluate's without it
+    printed = float(proc.stdout.split("mean return ")[1].split()[0])
+    plain = [r for r, _ in play_episodes(make_env_for(cfg), model, obs_rms, cfg.obs_clip, 2, 12345)]
+    assert printed == pytest.approx(sum(plain) / 2, abs=0.06)
+
+
+def make_env_for(cfg):
+    from ppo_ddp.envs.make import make_env
+
+    return make_env(cfg.env_id, **cfg.env_kwargs)
+
+
+class Clock(gym.Env):
+    """An env at 125 steps a second whose frame shows its step count (the pixel at 0, 0), never ending by itself."""
+
+    metadata = {"render_fps": 125}
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,))
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,))
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 0.0, False, self.t >= 1000, {}
+
+    def render(self):
+        frame = np.zeros((480, 320, 3), np.uint8)
+        frame[:48, :48] = self.t % 256  # a block the shrink keeps whole
+        return frame
+
+
+def test_a_gif_keeps_a_frame_every_50_ms_of_the_first_episode_for_5_seconds(tmp_path):
+    from PIL import Image
+
+    from ppo_ddp.envs.video import EpisodeGif
+
+    env = EpisodeGif(Clock())
+    for _ in range(2):  # the second episode is not recorded
+        env.reset()
+        done = False
+        while not done:
+            *_, terminated, truncated, _ = env.step(np.zeros(1))
+            done = terminated or truncated
+    assert len(env.frames) == 100 and env.frames[0].shape == (160, 107, 3)  # longer side 160, aspect kept
+    shown = [int(f[0, 0, 0]) for f in env.frames]
+    assert shown == [math.ceil(6.25 * k) % 256 for k in range(100)]  # the step at or past k x 50 ms
+    env.save(tmp_path / "clock.gif")
+    gif = Image.open(tmp_path / "clock.gif")
+    assert gif.n_frames == 100 and gif.info["duration"] == 50 and gif.info["loop"] == 0

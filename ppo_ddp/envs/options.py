@@ -74,6 +74,19 @@ def resolve_env_kwargs(env_kwargs: dict[str, Any], cwd: Optional[Path] = None) -
     return resolved
 
 
+def relative_env_kwargs(env_kwargs: dict[str, Any], root: Path) -> dict[str, Any]:
+    """The inverse of resolve_env_kwargs for a file that travels: an absolute xml_file under root becomes
+    './<its path from root>', which resolves again from any copy of root (a policy file shipped in a repository)."""
+    xml = env_kwargs.get("xml_file")
+    if not isinstance(xml, str) or not os.path.isabs(xml):
+        return env_kwargs
+    try:
+        inside = Path(xml).resolve().relative_to(Path(root).resolve())
+    except ValueError:  # outside root: kept absolute
+        return env_kwargs
+    return {**env_kwargs, "xml_file": f"./{inside.as_posix()}"}
+
+
 def _env_creator(registered_id: str) -> tuple[Any, dict[str, Any]]:
     """The callable gym.make calls for registered_id (a class or a function), and its registered kwargs."""
     spec = gym.spec(registered_id)

@@ -25,6 +25,12 @@ PREVIEW_SIDE = 120
 """The preview's frames are shrunk to about this many pixels a side."""
 PREVIEW_FRAMES = 100
 """At most this many frames, evenly spaced over the episode, make the preview (a GIF of ~1 MB)."""
+GIF_SIDE = 160
+GIF_SECONDS = 5.0
+GIF_FPS = 20
+"""`evaluate --gif`: the episode's first GIF_SECONDS (simulated time), frames shrunk to about GIF_SIDE pixels a side,
+GIF_FPS of them a second (a frame lasts 50 ms: GIF counts in hundredths of a second, so it plays in real time): a loop
+of the robot in motion under 1 MB, for a README."""
 INSTALL_HINT = (
     "a headless machine needs EGL (apt install libegl1; MUJOCO_GL=egl, the default without a display) or OSMesa "
     "(apt install libosmesa6, then set MUJOCO_GL=osmesa)"
@@ -120,13 +126,70 @@ class EpisodeVideo(gym.Wrapper):
     def _add_frame(self, frame: Optional[np.ndarray] = None) -> None:
         frame = self.env.render() if frame is None else frame
         self._writer.write_frame(frame)
-        step = max(1, math.ceil(max(frame.shape[:2]) / PREVIEW_SIDE))
-        self._shrunk.append(np.ascontiguousarray(frame[::step, ::step]))
+        self._shrunk.append(shrink(frame, PREVIEW_SIDE))
 
     def _close_writer(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+class EpisodeGif(gym.Wrapper):
+    """Keeps the first episode's first GIF_SECONDS as shrunk frames and writes them as a looping GIF (`save`).
+
+    A frame is kept each time the simulated clock passes the next 1 / GIF_FPS s (the reset's frame at 0), so a
+    Hopper stepping at 125 Hz keeps steps 7, 13, 19, 25, ... and plays in real time; only kept frames are rendered.
+    An env slower than GIF_FPS keeps every step at its own rate."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.env_fps = float(env.metadata.get("render_fps") or 30)
+        self.fps = min(float(GIF_FPS), self.env_fps)
+        self.max_frames = max(1, round(GIF_SECONDS * self.fps))
+        self.frames: list[np.ndarray] = []
+        self._steps, self._recording = 0, False
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict]:
+        obs, info = self.env.reset(**kwargs)
+        self._recording, self._steps = not self.frames, 0  # the first episode only
+        if self._recording:
+            self._keep()
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._steps += 1
+        # the k-th frame after the reset's shows the first step at or past k / fps seconds
+        if self._recording and self._steps >= math.ceil(len(self.frames) * self.env_fps / self.fps - 1e-9):
+            self._keep()
+        if terminated or truncated:
+            self._recording = False
+        return obs, reward, terminated, truncated, info
+
+    def save(self, path: str | Path) -> int:
+        """Write the kept frames to path as a GIF; returns its size in bytes."""
+        data = gif_bytes(np.stack(self.frames), self.fps)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return len(data)
+
+    def _keep(self) -> None:
+        if len(self.frames) >= self.max_frames:
+            self._recording = False
+            return
+        self.frames.append(shrink(self.env.render(), GIF_SIDE))
+
+
+def shrink(frame: np.ndarray, side: int) -> np.ndarray:
+    """frame (H, W, 3 uint8) resized so that its longer side is about `side` pixels (antialiased)."""
+    from PIL import Image
+
+    scale = side / max(frame.shape[:2])
+    if scale >= 1:
+        return frame
+    height, width = max(1, round(frame.shape[0] * scale)), max(1, round(frame.shape[1] * scale))
+    return np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.LANCZOS))
 
 
 def gif_bytes(frames: np.ndarray, fps: float) -> bytes:

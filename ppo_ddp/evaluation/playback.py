@@ -9,7 +9,7 @@ from typing import Optional
 
 from ppo_ddp.configuration.config import Config, config_from_dict
 from ppo_ddp.envs.make import make_env, make_video_env
-from ppo_ddp.envs.video import EpisodeVideo
+from ppo_ddp.envs.video import EpisodeGif, EpisodeVideo
 from ppo_ddp.errors import CheckpointError
 from ppo_ddp.evaluation.evaluator import play_episodes
 from ppo_ddp.models.factory import make_model
@@ -44,14 +44,24 @@ def evaluate_policy(
     seed: int = 12345,
     env_id: Optional[str] = None,
     video_dir: Optional[str] = None,
+    gif_path: Optional[str] = None,
 ) -> list[float]:
-    """Undiscounted returns of `episodes` episodes, statistics frozen throughout."""
-    if video_dir:
-        env = EpisodeVideo(make_video_env(env_id or cfg.env_id, **cfg.env_kwargs))
-        env.record_all(Path(video_dir))
+    """Undiscounted returns of `episodes` episodes, statistics frozen throughout; every episode recorded as an mp4
+    in video_dir, the first one's start as a GIF at gif_path (envs/video.py), when they are given."""
+    env_id = env_id or cfg.env_id
+    if video_dir or gif_path:
+        env = make_video_env(env_id, **cfg.env_kwargs)
+        if video_dir:
+            env = EpisodeVideo(env)
+            env.record_all(Path(video_dir))
+        if gif_path:
+            env = gif = EpisodeGif(env)
     else:
-        env = make_env(env_id or cfg.env_id, **cfg.env_kwargs)
+        env = make_env(env_id, **cfg.env_kwargs)
     try:
-        return [ret for ret, _ in play_episodes(env, model, obs_rms, cfg.obs_clip, episodes, seed, deterministic)]
+        returns = [ret for ret, _ in play_episodes(env, model, obs_rms, cfg.obs_clip, episodes, seed, deterministic)]
     finally:
         env.close()
+    if gif_path:
+        gif.save(gif_path)
+    return returns

@@ -13,7 +13,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -75,6 +75,23 @@ def mean_policy(rank_policies: list[dict[str, torch.Tensor]]) -> dict[str, torch
     if all(torch.equal(p[k], first[k]) for p in rank_policies[1:] for k in first):
         return first
     return {k: torch.stack([p[k] for p in rank_policies]).mean(0) for k in first}
+
+
+POLICY_KEYS = (*REQUIRED_KEYS, "config", "env_id", "obs_dim", "act_dim", "critic_dim", "run_name", "global_step")
+"""What a policy file keeps of a checkpoint (`policy_state`): enough to rebuild and play the policy, nothing to
+resume training from."""
+
+
+def policy_state(payload: dict[str, Any], env_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """A checkpoint's policy alone: its network (the critic's weights included: the network loads whole), the
+    observation statistics and the config, without the optimiser, RNG and every rank's resume state; the tensors
+    copied out of the flat buffer they share in a training run, so the file holds only their own bytes.
+    env_kwargs, where given, replaces the config's (a portable xml_file path)."""
+    out = {k: payload[k] for k in POLICY_KEYS if k in payload}
+    out["actor"] = {k: v.detach().clone() for k, v in payload["actor"].items()}
+    if env_kwargs is not None:
+        out["config"] = {**payload["config"], "env_kwargs": env_kwargs}
+    return out
 
 
 def _load_error_reason(e: Exception) -> str:
