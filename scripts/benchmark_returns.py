@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from returns_rows import SETTINGS, row_key, settings, shape_flags  # noqa: E402
+from returns_rows import SETTINGS, eval_curve, row_key, settings, shape_flags  # noqa: E402
 from returns_tables import plot_all, write_table  # noqa: E402
 
 from ppo_ddp.configuration.config import Config  # noqa: E402
@@ -287,6 +287,8 @@ def record(run_dir: Path, key: tuple[str, ...], args: argparse.Namespace, commit
     metrics_csv = args.out_dir / "curves" / f"{run_dir.name}_{commit}.csv"
     metrics_csv.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run_dir / "metrics.csv", metrics_csv)
+    if (run_dir / "eval.csv").exists():  # the evaluations' curve beside it (scripts/returns_figures.py)
+        shutil.copyfile(run_dir / "eval.csv", eval_curve(metrics_csv))
     with open(metrics_csv, newline="") as f:
         total_steps = max(int(r["global_step"]) for r in csv.DictReader(f))
     wall = training_seconds(metrics_csv)
@@ -352,6 +354,7 @@ def put_row(csv_path: Path, key: tuple[str, ...], row: dict) -> None:
         write_rows(csv_path, rows)
         for curve in replaced - {r["curve"] for r in rows}:
             (ROOT / curve).unlink(missing_ok=True)
+            (ROOT / eval_curve(curve)).unlink(missing_ok=True)
 
 
 def refresh_tables(csv_path: Path, out_dir: Path) -> None:

@@ -124,6 +124,12 @@ def is_partial(row: dict[str, str]) -> bool:
     return row["env"].startswith(PARTIAL_PREFIX)
 
 
+def eval_curve(curve: str | Path) -> Path:
+    """Where a row's periodic evaluations (the run's eval.csv) sit: beside its training curve, `<curve>_eval.csv`."""
+    curve = Path(curve)
+    return curve.with_name(f"{curve.stem}_eval.csv")
+
+
 def gym_1m_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     """The rows of the 1M tables: gymnasium's fully observed MuJoCo envs, not the 10M presets."""
     return [r for r in rows if not is_scale(r) and not is_partial(r) and not is_dmc(r)]

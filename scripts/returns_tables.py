@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from distribution_table import distribution_table
 from published import REFERENCE, REFERENCE_10M, REFERENCE_DMC
+from returns_figures import plot_seeds
 from returns_rows import (
     BENCHMARK_SEEDS,
     PARTIAL_PREFIX,
@@ -28,13 +29,15 @@ from returns_rows import (
     mean_std,
     other_flags,
     own_shape,
+    preset_settings,
     row_key,
     runs_of,
     settings,
     shape_flags,
 )
-from seed_intervals import COMPARED, ten_seed_table
+from seed_intervals import COMPARED, seed_rows, ten_seed_table
 
+from ppo_ddp.configuration.presets import find_preset
 from ppo_ddp.plot import plot_curves
 
 
@@ -112,8 +115,16 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         mine = [r for r in small if r["env"] == env_id and row_key(r)[4] == "params"]
         two = _presetcell([r for r in mine if r["world_size"] == "2"])
         lines.append(f"| {env_id} | {one} | {figure} | {source} | {commits} | {two} |")
-    lines += ["", "![learning curves](returns.png)", ""]
+    lines += ["", "![learning curves of these rows](returns_all.png)", ""]
     lines += ten_seed_table(small, {env: float(REFERENCE[env][0].split(" ±")[0]) for env in COMPARED})
+    lines += [
+        "Each preset's own rounds above, as the README's table quotes them: periodic evaluations (top; rows written "
+        "before their eval.csv was kept show the final evaluation alone) and training returns (bottom), the mean "
+        "over seeds and its 95% bootstrap interval (scripts/returns_figures.py).",
+        "",
+        "![evaluation and training returns of each preset's ten seeds](returns.png)",
+        "",
+    ]
     lines += _overlap_table(small)
     lines += distribution_table(small)
     lines += _world_size_table([r for r in small if settings(r) == SYNC_GAUSSIAN])
@@ -284,6 +295,12 @@ def _dmc_table(rows: list[dict[str, str]]) -> list[str]:
     return lines + ["", "![DeepMind Control Suite learning curves](returns_dmc.png)", ""]
 
 
+def preset_overlap(env_id: str) -> str:
+    """Whether env_id's 1M preset overlaps its rounds today: "true" or "false"."""
+    path = find_preset(env_id)
+    return preset_settings(str(path.relative_to(ROOT)))[0] if path else "false"
+
+
 def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     def curves(selected: list[tuple[str, dict[str, str]]]) -> list[tuple[str, Path]]:
         return [(label, ROOT / r["curve"]) for label, r in selected if (ROOT / r["curve"]).exists()]
@@ -294,13 +311,22 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     dmc = [(r["env"], r) for r in rows if is_dmc(r) and not is_scale(r)]
     if dmc:
         plot_curves(curves(dmc), out_dir / "returns_dmc.png")
-    plot_curves(curves(one), out_dir / "returns.png")
+    plot_curves(curves(one), out_dir / "returns_all.png")
+    # the README's cells: each compared robot's ten seeds of its preset's own rounds, evaluations and training
+    ten = {env_id: seed_rows(small, env_id, preset_overlap(env_id)) for env_id in COMPARED}
+    if any(ten.values()):
+        published = {env_id: float(REFERENCE[env_id][0].split(" ±")[0]) for env_id in COMPARED}
+        plot_seeds({e: got for e, got in ten.items() if got}, out_dir / "returns.png", published, "best published PPO")
     partial = [(f"{r['env']}, {_policy(r)}", r) for r in rows if is_partial(r) and not is_scale(r)]
     if partial:
         plot_curves(curves(partial), out_dir / "returns_partial.png")
-    scale = [(r["env"], r) for r in rows if is_scale(r)]
+    scale: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        if is_scale(r):
+            scale.setdefault(r["env"], []).append(r)
     if scale:
-        plot_curves(curves(scale), out_dir / "returns_10m.png")
+        apppo = {env_id: float(REFERENCE_10M[env_id][0].split(" ±")[0]) for env_id in scale if env_id in REFERENCE_10M}
+        plot_seeds(scale, out_dir / "returns_10m.png", apppo, "Sample Factory APPO")
     envs = {r["env"] for r in small if int(r["world_size"]) > 1}
     worlds = [
         (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(flags_today(r))}".strip(), r)

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ppo_ddp.configuration.config import Config
@@ -126,11 +127,13 @@ def test_benchmark_returns_end_to_end_on_a_tiny_budget(tmp_path):
         assert int(r["total_steps"]) == 128 and int(r["eval_episodes"]) == 2
         assert float(r["eval_mean"]) > 0  # Hopper pays a healthy reward every step it stays up
         assert (ROOT / r["curve"]).exists()
+        evaluations = (ROOT / r["curve"]).with_name(Path(r["curve"]).stem + "_eval.csv")  # the run's eval.csv
+        assert evaluations.read_text().startswith("iteration,global_step,eval/episodic_return")
         assert r["mujoco"] == importlib.metadata.version("mujoco")  # the physics the run had
         assert (r["resumed"], r["resume_exact"]) == ("no", "")  # each run was one session
     table = (tmp_path / "out" / "returns.md").read_text()
     assert "| Hopper-v5 |" in table and "(2) at 128 steps" in table
-    png = (tmp_path / "out" / "returns.png").read_bytes()
+    png = (tmp_path / "out" / "returns_all.png").read_bytes()  # the flagged rows are in no ten-seed figure
     assert png.startswith(b"\x89PNG") and len(png) > 5000
 
 
@@ -400,7 +403,44 @@ def test_the_1m_figure_plots_the_rows_behind_the_table(tmp_path, monkeypatch):
     monkeypatch.setattr(returns_tables, "plot_curves", lambda curves, out: plotted.update({out.name: curves}))
     rows = [row(1), row(2), row(3), row(4), row(1, "--actor-timeout 9")]  # seed 4 and the flagged run are not in it
     returns_tables.plot_all(rows, tmp_path)
-    assert [path.name for _, path in plotted["returns.png"]] == [f"swimmer_s{s}_0.csv" for s in (1, 2, 3)]
+    assert [path.name for _, path in plotted["returns_all.png"]] == [f"swimmer_s{s}_0.csv" for s in (1, 2, 3)]
+
+
+def test_the_ten_seed_figure_plots_each_presets_own_rounds_and_the_10m_rows(tmp_path, monkeypatch):
+    """returns.png: a compared robot's seeds 1-10 with its preset's rounds (Hopper's overlap), not its sync rows nor
+    seed 11; returns_10m.png: every 10M row by env."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import returns_tables
+
+    def row(env, seed, config, extra="", overlap="true"):
+        curve = tmp_path / f"{env}_{seed}_{overlap}.csv"
+        curve.write_text("global_step,charts/episodic_return\n")
+        return {"env": env, "seed": str(seed), "world_size": "1", "config": config, "extra_args": extra,
+                "sync_mode": "params", "curve": str(curve), "overlap": overlap, "distribution": "gaussian"}  # fmt: skip
+
+    hopper = "ppo_ddp/configs/hopper.yaml"
+    rows = [row("Hopper-v5", s, hopper) for s in range(1, 12)]
+    rows += [row("Hopper-v5", s, hopper, "--no-overlap", "false") for s in range(1, 11)]
+    rows += [row("Ant-v5", s, "ppo_ddp/configs/scale/ant.yaml", overlap="false") for s in (1, 2)]
+    plotted = {}
+    monkeypatch.setattr(returns_tables, "plot_curves", lambda curves, out: None)
+    monkeypatch.setattr(returns_tables, "plot_seeds", lambda groups, out, *a: plotted.update({out.name: groups}))
+    returns_tables.plot_all(rows, tmp_path)
+    assert list(plotted["returns.png"]) == ["Hopper-v5"]
+    shown = [(r["seed"], r["overlap"]) for r in plotted["returns.png"]["Hopper-v5"]]
+    assert shown == [(str(s), "true") for s in range(1, 11)]
+    assert [r["seed"] for r in plotted["returns_10m.png"]["Ant-v5"]] == ["1", "2"]
+
+
+def test_a_figure_band_is_the_mean_and_a_bootstrap_interval_over_seeds(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from returns_figures import mean_band
+
+    curves = np.array([[0.0, 10.0], [2.0, 10.0], [4.0, 10.0]])
+    mean, low, high = mean_band(curves)
+    assert mean.tolist() == [2.0, 10.0]
+    assert 0.0 <= low[0] < 2.0 < high[0] <= 4.0 and low[1] == high[1] == 10.0  # no spread, no band
+    assert np.array_equal(mean_band(curves)[1], low)  # a fixed random state: the same rows draw the same figure
 
 
 def test_a_row_says_whether_its_run_was_resumed_and_whether_exactly(tmp_path, monkeypatch):
