@@ -1,5 +1,6 @@
-"""The README is a product page (at most 200 lines) and the docs' links lead somewhere: every relative link in the
-README and docs/ names a file of the repository, and every #anchor a heading of the file it points into."""
+"""The README is a product page (at most 110 lines, no commit hashes, its images small) and the docs' links lead
+somewhere: every relative link in the README and docs/ names a file of the repository, and every #anchor a heading
+of the file it points into."""
 
 from __future__ import annotations
 
@@ -22,8 +23,41 @@ def anchors(path: Path) -> set[str]:
     return {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
 
 
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")  # hex with a letter and a digit
+
+
 def test_readme_fits_a_page() -> None:
-    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 110
+
+
+def test_the_readme_names_no_commit() -> None:
+    """Dates, machines and commits live in docs/benchmarks, where each figure the README shows is dated."""
+    assert not COMMIT.findall((ROOT / "README.md").read_text())
+
+
+def test_the_readmes_images_exist_and_are_small() -> None:
+    images = IMAGE.findall((ROOT / "README.md").read_text())
+    assert len(images) >= 7  # six robots and the learning curves
+    for image in images:
+        path = ROOT / image
+        assert path.is_file(), image
+        assert path.stat().st_size <= 1_000_000, f"{image}: {path.stat().st_size} bytes"
+
+
+def test_usage_opens_with_its_contents() -> None:
+    """docs/usage.md lists every one of its sections, in order, before the first."""
+    usage = ROOT / "docs" / "usage.md"
+    text = usage.read_text()
+    top = text.split("\n## ", 1)[0]
+    listed = re.findall(r"^- \[[^\]]+\]\(#([^)]+)\)$", top, flags=re.M)
+    body = re.sub(r"```.*?```", "", text, flags=re.S)
+    assert listed == [slug(h) for h in re.findall(r"^## (.+)$", body, flags=re.M)]
+
+
+def test_the_commit_pattern() -> None:
+    assert COMMIT.findall("at d20df23 and 095fa17, seeds 1001472") == ["d20df23", "095fa17"]
+    assert not COMMIT.findall("deadbeef 1234567 facade")
 
 
 def test_relative_links_resolve() -> None:
