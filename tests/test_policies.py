@@ -18,7 +18,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "policies" / "policies.csv"
-EPISODES = 2  # evaluate's first two seeds: the first two of the ten the range was recorded over
+EPISODES = 1  # evaluate's first seed: the first of the ten episodes the range was recorded over
 
 with open(MANIFEST, newline="") as f:
     SHIPPED = list(csv.DictReader(f))
@@ -58,7 +58,8 @@ def test_a_shipped_policy_scores_within_its_recorded_range(row, played):
     returns = played[row["file"]]
     assert len(returns) == EPISODES
     mean = sum(returns) / len(returns)
-    assert float(row["min"]) <= mean <= float(row["max"]), (row["name"], returns, row["min"], row["max"])
+    low, high = float(row["min"]) - 0.05, float(row["max"]) + 0.05  # recorded to one decimal
+    assert low <= mean <= high, (row["name"], returns, row["min"], row["max"])
 
 
 @pytest.mark.parametrize("row", SHIPPED, ids=[row["name"] for row in SHIPPED])
