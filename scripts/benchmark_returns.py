@@ -5,6 +5,7 @@
     python scripts/benchmark_returns.py --envs halfcheetah hopper --world-sizes 2 4 --sync-modes params gradients
     python scripts/benchmark_returns.py --scale --envs humanoid ant --seeds 1 2      # 10M steps, ppo_ddp/configs/scale/
     python scripts/benchmark_returns.py --envs hopper --seeds 1 2 3 4 5 6 7 8 9 10 --skip-done-here   # continue a batch
+    python scripts/benchmark_returns.py --tables        # run nothing: returns.md and the figures from returns.csv
 
 Each run is `python train.py --config ppo_ddp/configs/<env>.yaml` (ppo_ddp/configs/scale/<env>.yaml with --scale; or
 `torchrun --standalone --nproc_per_node=W` for world size W > 1) with the preset's total steps, at most 1M without
@@ -244,7 +245,13 @@ def main() -> None:
     p.add_argument("--skip-existing", action="store_true", help="skip runs that already have a row in the CSV")
     p.add_argument("--skip-done-here", action="store_true",
                    help="skip runs that have a row from a CPU of this machine's model (a batch continued)")  # fmt: skip
+    p.add_argument("--tables", action="store_true",
+                   help="run nothing: returns.md and the figures of --out-dir from its returns.csv")  # fmt: skip
     args = p.parse_args()
+    if args.tables:
+        refresh_tables(args.out_dir / "returns.csv", args.out_dir)
+        print(f"wrote {args.out_dir / 'returns.md'} and the figures in {args.out_dir}")
+        return
     missing = [e for e in args.envs if args.scale and not (ROOT / preset_path(e, True)).exists()]
     if missing:
         p.error(f"--scale: no ppo_ddp/configs/scale/ preset for {', '.join(missing)}")

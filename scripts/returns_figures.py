@@ -7,7 +7,7 @@ top panel is the runs' periodic deterministic evaluations (their eval.csv, copie
 scripts/benchmark_returns.py: rows written before that copy have none) and, at the last step, the final
 policies' evaluations that the table quotes, with the table's interval (seed_intervals.intervals). The bottom
 panel is the training return (the episodes each round finished, smoothed over 10 rounds). Both are rebuilt with
-the tables by `python scripts/returns_tables.py`.
+the tables by `python scripts/benchmark_returns.py --tables`.
 """
 
 from __future__ import annotations

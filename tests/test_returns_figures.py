@@ -3,6 +3,9 @@ figure plots the rows behind its table, and a band is the mean over seeds with a
 
 from __future__ import annotations
 
+import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -62,3 +65,24 @@ def test_a_figure_band_is_the_mean_and_a_bootstrap_interval_over_seeds(monkeypat
     assert mean.tolist() == [2.0, 10.0]
     assert 0.0 <= low[0] < 2.0 < high[0] <= 4.0 and low[1] == high[1] == 10.0  # no spread, no band
     assert np.array_equal(mean_band(curves)[1], low)  # a fixed random state: the same rows draw the same figure
+
+
+def test_the_tables_and_figures_rebuild_from_the_rows_alone(tmp_path):
+    """`benchmark_returns.py --tables` runs nothing: returns.md and the ten-seed figure from a returns.csv (here
+    Hopper's ten overlapped rows of the repository's)."""
+    with open(ROOT / "docs" / "benchmarks" / "returns.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["env"] == "Hopper-v5" and r["config"].endswith("/hopper.yaml")
+                and r["extra_args"] == "" and r["world_size"] == "1"]  # fmt: skip
+    assert len(rows) == 10
+    with open(tmp_path / "returns.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    cmd = [sys.executable, "scripts/benchmark_returns.py", "--tables", "--out-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "returns.md").read_text()
+    cell = next(line for line in table.splitlines() if line.startswith("| Hopper-v5 | "))  # the 1M table: seeds 1-3
+    assert " (3) |" in cell
+    assert (tmp_path / "returns.png").read_bytes().startswith(b"\x89PNG")
+    assert not list(tmp_path.glob("runs*"))  # nothing trained
