@@ -66,10 +66,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if problem := env_problem(env_id, cfg.env_kwargs):
         print(f"evaluate: error: env_id={env_id!r}: {problem}", file=sys.stderr)
         raise SystemExit(2)
-    if args.video:
-        _check_video(env_id, cfg.env_kwargs, "--video", writes_mp4=True)
-    if args.gif:
-        _check_video(env_id, cfg.env_kwargs, "--gif", writes_mp4=False)
+    if args.video or args.gif:  # one probe of the renderer for both; moviepy only for the mp4 files
+        _check_video(env_id, cfg.env_kwargs, "--video" if args.video else "--gif", writes_mp4=bool(args.video))
     returns = evaluate_policy(
         model, obs_rms, cfg, args.episodes, args.deterministic, args.seed, args.env_id, args.video, args.gif
     )

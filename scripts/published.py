@@ -32,3 +32,8 @@ REFERENCE = {
     "Reacher-v5": ("-4.1 ± 0.3", f"{TIANSHOU} (v2)"),
     "Swimmer-v5": ("281.6 ± 9.7", "rl-baselines3-zoo benchmark.md: tuned PPO, 1 run, deterministic eval (v3)"),
 }
+
+
+def published_means(reference: dict[str, tuple[str, ...]], envs) -> dict[str, float]:
+    """The mean of each env's published figure ("5819 ± 664" -> 5819.0), for the envs of `envs` that have one."""
+    return {env: float(reference[env][0].split(" ±")[0]) for env in envs if env in reference}

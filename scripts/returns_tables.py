@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from distribution_table import distribution_table
-from published import REFERENCE, REFERENCE_10M, REFERENCE_DMC
+from published import REFERENCE, REFERENCE_10M, REFERENCE_DMC, published_means
 from returns_figures import plot_seeds
 from returns_rows import (
     BENCHMARK_SEEDS,
@@ -116,7 +116,7 @@ def write_table(path: Path, rows: list[dict[str, str]]) -> None:
         two = _presetcell([r for r in mine if r["world_size"] == "2"])
         lines.append(f"| {env_id} | {one} | {figure} | {source} | {commits} | {two} |")
     lines += ["", "![learning curves of these rows](returns_all.png)", ""]
-    lines += ten_seed_table(small, {env: float(REFERENCE[env][0].split(" ±")[0]) for env in COMPARED})
+    lines += ten_seed_table(small, published_means(REFERENCE, COMPARED))
     lines += [
         "Each preset's own rounds above, as the README's table quotes them: periodic evaluations (top; rows written "
         "before their eval.csv was kept show the final evaluation alone) and training returns (bottom), the mean "
@@ -315,7 +315,7 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
     # the README's cells: each compared robot's ten seeds of its preset's own rounds, evaluations and training
     ten = {env_id: seed_rows(small, env_id, preset_overlap(env_id)) for env_id in COMPARED}
     if any(ten.values()):
-        published = {env_id: float(REFERENCE[env_id][0].split(" ±")[0]) for env_id in COMPARED}
+        published = published_means(REFERENCE, COMPARED)
         plot_seeds({e: got for e, got in ten.items() if got}, out_dir / "returns.png", published, "best published PPO")
     partial = [(f"{r['env']}, {_policy(r)}", r) for r in rows if is_partial(r) and not is_scale(r)]
     if partial:
@@ -325,8 +325,7 @@ def plot_all(rows: list[dict[str, str]], out_dir: Path) -> None:
         if is_scale(r):
             scale.setdefault(r["env"], []).append(r)
     if scale:
-        apppo = {env_id: float(REFERENCE_10M[env_id][0].split(" ±")[0]) for env_id in scale if env_id in REFERENCE_10M}
-        plot_seeds(scale, out_dir / "returns_10m.png", apppo, "Sample Factory APPO")
+        plot_seeds(scale, out_dir / "returns_10m.png", published_means(REFERENCE_10M, scale), "Sample Factory APPO")
     envs = {r["env"] for r in small if int(r["world_size"]) > 1}
     worlds = [
         (f"{r['env']}, {r['world_size']} rank(s), {row_key(r)[4]}\n{' '.join(flags_today(r))}".strip(), r)
