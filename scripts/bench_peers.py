@@ -2,7 +2,7 @@
 default command (`python train.py --env-id ENV`, the env's preset and nothing else: one row per env), rl_games with
 EnvPool (its stock `<env>_envpool.yaml` on the CPU) and SB3's PPO with the rl-baselines3-zoo's hyperparameters. A
 variant of ppo_ddp is a trainer of its own, named on the command line: "ppo_ddp --no-overlap" (the preset and a
-flag), "ppo_ddp scale/ant" (another preset).
+flag), "ppo_ddp scale/ant" (another preset). "rl_games" is its PyPI release, "rl_games main" its repository's newest.
 
     python scripts/bench_peers.py                                    # 5 envs, seeds 1-3 (SB3: seed 1), 20 min cap
     python scripts/bench_peers.py --envs Hopper-v5 --trainers ppo_ddp rl_games --seeds 1 --cap-minutes 5
@@ -25,6 +25,13 @@ has them; CUDA's mixed precision, which Humanoid's config asks for, is off on th
     python3 -m venv .venv-peers
     .venv-peers/bin/pip install torch==2.13.0
     .venv-peers/bin/pip install rl-games==1.6.5 envpool==1.2.5
+
+and "rl_games main" in a venv of its own, from a clone of github.com/Denys88/rl_games (2.0.0 on 2026-12-07, commit
+262cf20; its stock configs name v5 and run unchanged):
+
+    python3 -m venv .venv-peers-main
+    .venv-peers-main/bin/pip install torch==2.13.0
+    .venv-peers-main/bin/pip install ./rl_games envpool==1.2.5
 
 The peers' runs are scripts/peer_workers.py's. SB3 runs in the project's venv (`pip install -e ".[bench]"`:
 stable-baselines3 2.9.2). Nothing else may run on the machine meanwhile: every figure here is a wall-clock time.
@@ -52,7 +59,10 @@ sys.path.insert(0, str(ROOT))  # ppo_ddp and benchmark_returns, for the parent (
 SCORES = {"HalfCheetah-v5": 5000, "Hopper-v5": 3000, "Walker2d-v5": 3000, "Ant-v5": 3000, "Humanoid-v5": 5000}
 STOP_GRACE = 60.0  # seconds a stopped run may take to end its round and exit
 STOPPED = (0, -signal.SIGTERM, -signal.SIGKILL, 143)  # ended by its budget or by stop(); 143: ppo_ddp's SIGTERM exit
-PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+PEERS_PYTHON = {
+    "rl_games": ROOT / ".venv-peers" / "bin" / "python",
+    "rl_games main": ROOT / ".venv-peers-main" / "bin" / "python",
+}
 PEER_WORKERS = Path(__file__).resolve().parent / "peer_workers.py"  # the peers' runs: `peer_workers.py sb3 ENV SEED`
 CSV = ROOT / "docs" / "benchmarks" / "peers.csv"
 FIELDS = ["env", "trainer", "seed", "score", "reached_steps", "reached_seconds", "end_steps", "end_seconds",
@@ -146,8 +156,8 @@ STOP = StopRequest()
 def trainer_name(value: str) -> str:
     """argparse's check of a --trainers value: a peer's name, or ppo_ddp with a variant after it."""
     name, *variant = value.split()
-    if name not in ("ppo_ddp", "rl_games", "sb3") or (variant and name != "ppo_ddp"):
-        raise argparse.ArgumentTypeError(f'{value!r}: use ppo_ddp, rl_games, sb3 or "ppo_ddp VARIANT"')
+    if value not in (*PEERS_PYTHON, "sb3") and name != "ppo_ddp":
+        raise argparse.ArgumentTypeError(f'{value!r}: use ppo_ddp, rl_games, "rl_games main", sb3 or "ppo_ddp VARIANT"')
     return " ".join([name, *variant])
 
 
@@ -162,8 +172,8 @@ def trainer_command(trainer: str, env_id: str, seed: int, work: Path) -> tuple[l
         cmd = [sys.executable, str(ROOT / "train.py"), *preset, "--seed", str(seed), "--runs-dir", str(work),
                "--run-name", "run"]  # fmt: skip
         return cmd, work / "run" / "metrics.csv"
-    python = PEERS_PYTHON if trainer == "rl_games" else Path(sys.executable)
-    return [str(python), str(PEER_WORKERS), trainer, env_id, str(seed)], None
+    python = PEERS_PYTHON.get(trainer, Path(sys.executable))
+    return [str(python), str(PEER_WORKERS), trainer.split()[0], env_id, str(seed)], None
 
 
 def measure(trainer: str, env_id: str, seed: int, cap: float, prefix: Sequence[str] = ()) -> dict | None:
@@ -207,7 +217,8 @@ def measure(trainer: str, env_id: str, seed: int, cap: float, prefix: Sequence[s
 
 
 def versions() -> dict[str, str]:
-    """Each trainer's version as it ran: ppo_ddp's commit, the peers' packages."""
+    """Each trainer's version as it ran (ppo_ddp's commit, the peers' packages), by trainer: "ppo_ddp" for its
+    variants too."""
     from ppo_ddp.records.run_log import code_version
 
     def packages(python: Path | str, names: str) -> str:
@@ -217,7 +228,11 @@ def versions() -> dict[str, str]:
 
     return {
         "ppo_ddp": f"ppo_ddp {code_version(('ppo_ddp', 'train.py'), short=True)}",
-        "rl_games": packages(PEERS_PYTHON, ("rl-games", "envpool", "torch")) if PEERS_PYTHON.exists() else "",
+        **{
+            t: packages(python, ("rl-games", "envpool", "torch"))
+            for t, python in PEERS_PYTHON.items()
+            if python.exists()
+        },
         "sb3": packages(sys.executable, ("stable-baselines3", "torch")),
     }
 
@@ -306,7 +321,8 @@ def run_batch(args: argparse.Namespace, known: dict[str, str], cpu: str, done: s
             row = None if STOP else measure(trainer, env_id, seed, args.cap_minutes * 60)
             if row is None:  # STOP: the run in progress, if any, was stopped
                 return
-            row.update(cpu=cpu, version=known[trainer.split()[0]], date=time.strftime("%Y-%m-%d"))
+            version = known["ppo_ddp" if trainer.startswith("ppo_ddp") else trainer]
+            row.update(cpu=cpu, version=version, date=time.strftime("%Y-%m-%d"))
             put_row(args.csv, row)
             print(f"[{time.strftime('%H:%M:%S')}] {trainer} {env_id} seed {seed}: reached at "
                   f"{row['reached_seconds'] or '-'} s / {row['reached_steps'] or '-'} steps; end "
@@ -317,7 +333,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", nargs="+", default=list(SCORES), choices=list(SCORES))
     p.add_argument("--trainers", nargs="+", type=trainer_name, default=["ppo_ddp", "rl_games", "sb3"],
-                   help='ppo_ddp, rl_games, sb3, "ppo_ddp --FLAG ...", "ppo_ddp PRESET"')  # fmt: skip
+                   help='ppo_ddp, rl_games, "rl_games main", sb3, "ppo_ddp --FLAG ...", "ppo_ddp PRESET"')  # fmt: skip
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="SB3 runs the first only")
     p.add_argument("--cap-minutes", type=float, default=20.0)
     p.add_argument("--csv", type=Path, default=CSV, help="the rows' file (default: docs/benchmarks/peers.csv)")
@@ -327,8 +343,9 @@ def main() -> None:
     if not args.table:
         from benchmark_returns import cpu_model, read_rows
 
-        if "rl_games" in args.trainers and not PEERS_PYTHON.exists():
-            p.error(f"rl_games needs its venv at {PEERS_PYTHON}: see this script's docstring")
+        for peer in set(args.trainers) & set(PEERS_PYTHON):
+            if not PEERS_PYTHON[peer].exists():
+                p.error(f"{peer} needs its venv at {PEERS_PYTHON[peer].parent.parent}: see this script's docstring")
         STOP.install()
         known, cpu = versions(), cpu_model()
         done = {(r["env"], r["trainer"], r["seed"]) for r in read_rows(args.csv) if r.get("cpu") == cpu}

@@ -30,12 +30,15 @@ def bench_peers(monkeypatch):
     return bench_peers
 
 
-PEERS_VENV = pytest.mark.skipif(
-    not (ROOT / ".venv-peers").is_dir(), reason="needs .venv-peers (bench_peers.py's docstring)"
-)
+def peers_venv(name: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(not (ROOT / name).is_dir(), reason=f"needs {name} (bench_peers.py's docstring)")
 
 
-@pytest.mark.parametrize("trainer", ["ppo_ddp", "sb3", pytest.param("rl_games", marks=PEERS_VENV)])
+PEERS = [pytest.param("rl_games", marks=peers_venv(".venv-peers")),
+         pytest.param("rl_games main", marks=peers_venv(".venv-peers-main"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("trainer", ["ppo_ddp", "sb3", *PEERS])
 def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(bench_peers, monkeypatch, trainer):
     # A score any reported return reaches: the run stops at its first report (ppo_ddp's metrics.csv row with a
     # return over the last 100 episodes; the peers' line after their first rollout), long before budget or cap.
@@ -63,11 +66,23 @@ def test_a_run_is_timed_to_its_first_reported_return_at_the_score_then_stopped(b
     assert 0 < row["reached_seconds"] <= row["end_seconds"] < 600 and row["cap_seconds"] == 600
     preset = load_yaml_defaults(ROOT / "ppo_ddp" / "configs" / "hopper.yaml")
     ours = preset["num_envs"] * rollout
-    first = {"ppo_ddp": ours, "sb3": 512, "rl_games": 64 * 64}[trainer]  # hopper_envpool.yaml: 64 envs, horizon 64
+    first = {"ppo_ddp": ours, "sb3": 512}.get(trainer, 64 * 64)  # hopper_envpool.yaml: 64 envs, horizon 64
     assert row["reached_steps"] % first == 0 and 0 < row["reached_steps"] <= row["end_steps"]
     assert row["end_return"] >= 1.0
     # Stopped by SIGTERM, ppo_ddp unlinked the block it had while it ran (a SIGKILL would have left it).
     assert [len(look) for look in looks] == ([1, 0] if trainer == "ppo_ddp" else [0, 0]), looks
+
+
+def test_trainer_names_are_the_peers_or_ppo_ddp_with_a_variant(bench_peers):
+    for name in ("ppo_ddp", "ppo_ddp --no-overlap", "ppo_ddp scale/ant", "rl_games", "rl_games main", "sb3"):
+        assert bench_peers.trainer_name(name) == name
+    for name in ("rl_games 2.0", "sb3 --x", "cleanrl"):
+        with pytest.raises(argparse.ArgumentTypeError, match="rl_games main"):
+            bench_peers.trainer_name(name)
+    # both rl_games run the one worker, each with its own venv's python
+    cmds = [bench_peers.trainer_command(t, "Hopper-v5", 1, ROOT)[0] for t in ("rl_games", "rl_games main")]
+    assert [c[0] for c in cmds] == [str(bench_peers.PEERS_PYTHON[t]) for t in ("rl_games", "rl_games main")]
+    assert cmds[0][2:] == cmds[1][2:] == ["rl_games", "Hopper-v5", "1"]
 
 
 def test_rows_replace_their_own_and_the_table_takes_medians_and_caps(bench_peers, tmp_path):

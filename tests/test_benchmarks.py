@@ -37,8 +37,9 @@ def test_preset_parses_into_a_valid_config(preset):
     else:  # hopper: Hopper-v5; hopper_novel: ppo_ddp/HopperNoVel-v5
         assert name.replace("_", "") in cfg.env_id.lower()
     assert cfg.policy == ("gru" if preset.stem.endswith("_gru") else "mlp")
-    # 1M steps, the benchmark's budget; Humanoid's recipe runs until it reaches its score (its 1M row stops it there)
-    budget = {"humanoid": 3_000_000}.get(name, 300_000 if name.startswith("pendulum") else 1_000_000)
+    # 1M steps, the benchmark's budget; Humanoid's and Ant's recipes run until they reach their scores (their 1M rows
+    # stop them there)
+    budget = {"humanoid": 3_000_000, "ant": 3_000_000}.get(name, 300_000 if name.startswith("pendulum") else 1_000_000)
     assert cfg.total_timesteps == budget
 
 
@@ -91,6 +92,7 @@ def test_benchmark_returns_stops_a_1m_preset_with_a_longer_budget_at_1m():
     from benchmark_returns import table_steps
 
     assert table_steps(LISTED["humanoid"][1], scale=False) == 1_000_000
+    assert table_steps(LISTED["ant"][1], scale=False) == 1_000_000
     assert table_steps(LISTED["halfcheetah"][1], scale=False) is None
     assert table_steps("ppo_ddp/configs/scale/humanoid.yaml", scale=True) is None
 
