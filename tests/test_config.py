@@ -197,6 +197,8 @@ def exit_line(argv, capsys) -> str:
         (["--learning-rate", "0"], "learning_rate=0.0: must be > 0"),
         (["--ent-coef", "-0.01"], "ent_coef=-0.01: must be >= 0"),
         (["--target-kl", "0"], "target_kl=0.0: must be > 0 or None"),
+        (["--lag-weight-max", "0"], "lag_weight_max=0.0: must be > 0 or None"),
+        (["--no-overlap", "--lag-weight-max", "1"], "lag_weight_max=1.0: needs overlap"),
         (["--hidden-sizes", "64", "0"], "hidden_sizes=[64, 0]: must be one or more positive integers"),
         (["--num-minibatches", "3"], "num_minibatches=3: must divide the 2048 samples a learner collects per round"),
         (

@@ -327,6 +327,18 @@ def test_overlapped_each_sample_is_weighted_by_the_starting_over_the_behaviour_p
     assert log_ratio.abs().max() == 0.0  # the ratio is to the starting weights
 
 
+def test_overlapped_the_lag_weight_is_truncated_at_lag_weight_max():
+    """V-trace's truncation: with lag_weight_max 1.2 a weight of e^0.5 (1.65) counts as 1.2, and a weight of e^-0.5
+    (under the bound) is left as it is."""
+    learner, batch = make(Config(vf_coef=0.0, lag_weight_max=1.2))
+    fresh = Minibatch(batch.obs, batch.actions, batch.logp, batch.values, -batch.advantages, batch.returns)
+    on_policy, _, _ = learner.ppo.gradient(learner.params, fresh)
+    above = dataclasses.replace(fresh, old_logp=batch.logp - 0.5, prox_logp=batch.logp)
+    below = dataclasses.replace(fresh, old_logp=batch.logp + 0.5, prox_logp=batch.logp)
+    torch.testing.assert_close(learner.ppo.gradient(learner.params, above)[0], 1.2 * on_policy)
+    torch.testing.assert_close(learner.ppo.gradient(learner.params, below)[0], math.exp(-0.5) * on_policy)
+
+
 def test_overlapped_a_round_the_starting_weights_collected_is_updated_as_in_sync_rounds():
     """With no lag the weight is exactly 1 and the clip's centre is the behaviour policy: the sync update, bit for
     bit (the overlapped path adds no rounding of its own)."""

@@ -101,7 +101,8 @@ class PPOStep:
         # The coefficients as one tensor, an input of the compiled graph rather than constants baked into it:
         # configs that differ only in them (a search's trials, the tests) share one compiled step in the cache.
         device = next(model.parameters()).device
-        coefs = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm, cfg.bounds_loss_coef)
+        lag_weight_max = float("inf") if cfg.lag_weight_max is None else cfg.lag_weight_max
+        coefs = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm, cfg.bounds_loss_coef, lag_weight_max)
         self.coefs = torch.tensor(coefs, dtype=torch.float32, device=device)
 
     def loss(self, params: torch.Tensor, mb: Minibatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -114,7 +115,7 @@ class PPOStep:
         clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
         pg = torch.max(mb.neg_adv * ratio, mb.neg_adv * clipped_ratio)
         if mb.prox_logp is not None:  # off-policy by one round: each sample weighted by pi_prox / pi_behaviour
-            pg = pg * (mb.prox_logp - mb.old_logp).exp()
+            pg = pg * torch.minimum((mb.prox_logp - mb.old_logp).exp(), self.coefs[5])
         pg_loss = pg.mean()
         if self.clip_vloss:
             clipped = mb.old_values + (new_value - mb.old_values).clamp(-clip_coef, clip_coef)

@@ -128,6 +128,9 @@ class Config:
     mean before the squashing; beta: the logit of the Beta's position)."""
     target_kl: Optional[float] = None
     """Stop the round's epochs early once the approximate KL exceeds this (None: never)."""
+    lag_weight_max: Optional[float] = None
+    """With overlap: truncate each sample's weight pi_start / pi_behaviour (the decoupled objective's correction for
+    the round of lag) at this, as V-trace truncates its importance weights at rho-bar (None: not truncated)."""
 
     # ---- model --------------------------------------------------------------
     hidden_sizes: tuple[int, ...] = (64, 64)

@@ -48,6 +48,10 @@ def validate(cfg: Config, check_env: bool = True) -> None:
         raise invalid("gae_lambda", cfg.gae_lambda, "must be in [0, 1]")
     if cfg.target_kl is not None and not cfg.target_kl > 0:
         raise invalid("target_kl", cfg.target_kl, "must be > 0 or None")
+    if cfg.lag_weight_max is not None and not cfg.lag_weight_max > 0:
+        raise invalid("lag_weight_max", cfg.lag_weight_max, "must be > 0 or None")
+    if cfg.lag_weight_max is not None and not cfg.overlap:
+        raise invalid("lag_weight_max", cfg.lag_weight_max, "needs overlap (sync rounds have no lag to weigh)")
     if cfg.eval_interval < 0:
         raise invalid("eval_interval", cfg.eval_interval, "must be >= 0 (0: no evaluation)")
     if cfg.capture_video and not cfg.eval_interval:
