@@ -16,7 +16,8 @@ ppo_ddp's `charts/episodic_return_avg100`), first reaches the env's score (SCORE
 trainer's own budget ends. Its row (docs/benchmarks/peers.csv, replacing an earlier row of the same env, trainer
 and seed) has the steps and seconds at the score, or none, and the steps, seconds and return at its end, with the
 CPU and the trainer's version. The table: the median over seeds of the time to score ("> cap" where fewer than half
-the seeds reached it), and the speed-up over each peer of ppo_ddp's fastest row (named where it has several).
+the seeds reached it), and the speed-up of ppo_ddp's default command over each peer whose rows ran on its CPU (a
+variant's rows are shown, not compared).
 
 The peers run where they install, a venv of their own beside the project's (registry packages only; rl-games 1.6.5
 from PyPI runs EnvPool's v5 MuJoCo envs, its packaged configs name v4 and are read with v5, as its repository's main
@@ -256,9 +257,9 @@ def median_time(rows: list[dict[str, str]], field: str = "reached_seconds") -> f
 
 
 def table(rows: list[dict[str, str]]) -> str:
-    """Markdown: per env, each trainer's median time to score (steps at it), its return at the end, ppo_ddp's
-    speed-up over rl_games and SB3, and the CPU its rows ran on (an env's rows are compared on one machine; a
-    batch may measure one env on one day's machine and the next env on another's)."""
+    """Markdown: per env, each trainer's median time to score (steps at it), its return at the end, the speed-up
+    of ppo_ddp's default command over each peer, and the CPU its rows ran on: a speed-up compares rows of one CPU
+    only (a batch may measure one env on one day's machine and the next env on another's)."""
 
     def cell(t: float, group: list[dict[str, str]]) -> str:
         if t == float("inf"):
@@ -274,19 +275,25 @@ def table(rows: list[dict[str, str]]) -> str:
             if r["env"] == env_id:
                 groups.setdefault(r["trainer"], []).append(r)
         times = {t: median_time(group) for t, group in groups.items()}
-        ppo_ddp = sorted(t for t in groups if t.startswith("ppo_ddp"))
-        best = min(ppo_ddp, key=times.get, default=None)
-        ours = times[best] if best else float("inf")
-        named = f", against {best}" if len(ppo_ddp) > 1 and ours < float("inf") else ""
+        ours = times.get("ppo_ddp", float("inf"))
         for trainer, group in sorted(groups.items()):
             ends = ", ".join(f"{float(r['end_return']):.0f}" for r in group)
             cap = float(group[0]["cap_seconds"])
-            faster = "" if trainer.startswith("ppo_ddp") else speedup(times[trainer], ours, cap) + named
+            if trainer.startswith("ppo_ddp"):
+                faster = ""
+            elif "ppo_ddp" in groups and cpus_of(group) != cpus_of(groups["ppo_ddp"]):
+                faster = "— (another CPU)"
+            else:
+                faster = speedup(times[trainer], ours, cap)
             seeds = " ".join(r["seed"] for r in group)
-            cpus = ", ".join(sorted({(r.get("cpu") or "?").replace("(R)", "") for r in group}))
+            cpus = ", ".join(sorted(cpus_of(group)))
             lines.append(f"| {env_id} ({score}) | {trainer} | {seeds} | {cpus} | {cell(times[trainer], group)} "
                          f"| {ends} | {faster} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def cpus_of(group: list[dict[str, str]]) -> set[str]:
+    return {(r.get("cpu") or "?").replace("(R)", "") for r in group}
 
 
 def unreached(group: list[dict[str, str]]) -> str:
