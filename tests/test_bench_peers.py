@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -148,7 +149,9 @@ def test_ppo_ddp_s_row_is_the_default_command_and_a_variant_is_a_trainer_named_o
 
     assert bench_peers.trainer_name("ppo_ddp  --no-overlap") == "ppo_ddp --no-overlap"
     for bad in ("cleanrl", "rl_games --no-overlap"):
-        with pytest.raises(argparse.ArgumentTypeError, match="use ppo_ddp, rl_games"):
+        with pytest.raises(
+            argparse.ArgumentTypeError, match=re.escape('use ppo_ddp, rl_games, "rl_games main", sb3 or')
+        ):
             bench_peers.trainer_name(bad)
     commands = {t: bench_peers.trainer_command(t, "Ant-v5", 2, tmp_path)[0]
                 for t in ("ppo_ddp", "ppo_ddp scale/ant", "ppo_ddp --no-overlap")}  # fmt: skip
